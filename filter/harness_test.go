@@ -1,0 +1,136 @@
+package main
+
+import (
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/stretchr/testify/require"
+)
+
+// Every filter test runs twice: against the Go plugin and against the compiled
+// build/kvroute.wasm in wazero. The module is compiled once per test binary.
+const wasmPath = "../build/kvroute.wasm"
+
+var (
+	wasmOnce sync.Once
+	wasmVM   proxytest.WasmVMContext
+	wasmErr  error
+)
+
+func compiledVM(t testing.TB) types.VMContext {
+	wasmOnce.Do(func() {
+		var bin []byte
+		bin, wasmErr = os.ReadFile(wasmPath)
+		if wasmErr == nil {
+			wasmVM, wasmErr = proxytest.NewWasmVMContext(bin)
+		}
+	})
+	if wasmErr != nil {
+		t.Fatalf("the compiled module is needed for wasm-mode tests (run `make build`): %v", wasmErr)
+	}
+	return wasmVM
+}
+
+// bothVMs runs fn once with the Go plugin and once with the compiled wasm.
+func bothVMs(t *testing.T, fn func(t *testing.T, vm types.VMContext)) {
+	t.Run("go", func(t *testing.T) { fn(t, &vmContext{}) })
+	t.Run("wasm", func(t *testing.T) { fn(t, compiledVM(t)) })
+}
+
+// host wraps the emulator with the few steps every test takes.
+type host struct {
+	proxytest.HostEmulator
+	t testing.TB
+}
+
+// startHost starts the plugin with config and requires it to accept the config.
+func startHost(t testing.TB, vm types.VMContext, config string) *host {
+	h, status := tryStart(t, vm, config)
+	require.Equal(t, types.OnPluginStartStatusOK, status, "plugin refused config: %v", h.GetCriticalLogs())
+	return h
+}
+
+// tryStart starts the plugin with config and returns what the start said.
+func tryStart(t testing.TB, vm types.VMContext, config string) (*host, types.OnPluginStartStatus) {
+	opt := proxytest.NewEmulatorOption().WithVMContext(vm).WithPluginConfiguration([]byte(config))
+	emu, reset := proxytest.NewHostEmulator(opt)
+	t.Cleanup(reset)
+	require.Equal(t, types.OnVMStartStatusOK, emu.StartVM())
+	return &host{HostEmulator: emu, t: t}, emu.StartPlugin()
+}
+
+// request is one client request.
+type request struct {
+	method  string
+	path    string
+	headers [][2]string
+	body    []byte // nil: no body
+}
+
+func post(path, body string, headers ...[2]string) request {
+	return request{method: "POST", path: path, headers: headers, body: []byte(body)}
+}
+
+// send runs the request phases and returns the context id and the final action.
+func (h *host) send(r request) (uint32, types.Action) {
+	id := h.InitializeHttpContext()
+	hs := [][2]string{{":method", r.method}, {":path", r.path}, {":authority", "gateway"}}
+	if r.body != nil {
+		hs = append(hs, [2]string{"content-length", strconv.Itoa(len(r.body))})
+	}
+	hs = append(hs, r.headers...)
+	action := h.CallOnRequestHeaders(id, hs, r.body == nil)
+	if r.body != nil && action == types.ActionPause {
+		action = h.CallOnRequestBody(id, r.body, true)
+	}
+	return id, action
+}
+
+// respond completes the exchange with status.
+func (h *host) respond(id uint32, status int) {
+	h.CallOnResponseHeaders(id, [][2]string{{":status", strconv.Itoa(status)}}, false)
+	h.CallOnResponseBody(id, []byte("{}"), true)
+	h.CompleteHttpContext(id)
+}
+
+// header returns the value of a request header as the upstream would see it, and
+// whether it is there.
+func (h *host) header(id uint32, name string) (string, bool) {
+	for _, kv := range h.GetCurrentRequestHeaders(id) {
+		if kv[0] == name {
+			return kv[1], true
+		}
+	}
+	return "", false
+}
+
+// route sends r, completes it with 200 and returns destination, rank and decision.
+func (h *host) route(r request) (dest, rank, decision string) {
+	id, action := h.send(r)
+	require.Equal(h.t, types.ActionContinue, action)
+	dest, _ = h.header(id, "x-gateway-destination-endpoint")
+	rank, _ = h.header(id, "x-data-parallel-rank")
+	decision, _ = h.header(id, "x-kvroute-decision")
+	h.respond(id, 200)
+	return dest, rank, decision
+}
+
+func (h *host) counter(name string) uint64 {
+	v, err := h.GetCounterMetric(name)
+	require.NoError(h.t, err)
+	return v
+}
+
+func (h *host) gauge(name string) int64 {
+	v, err := h.GetGaugeMetric(name)
+	require.NoError(h.t, err)
+	return int64(v)
+}
+
+func chat(content string) string {
+	return `{"model":"m","messages":[{"role":"user","content":` + strconv.Quote(content) + `}]}`
+}

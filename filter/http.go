@@ -1,0 +1,245 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/kvroute/kvroute/routing"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+)
+
+// httpContext follows one request: headers, maybe the body, the decision, the
+// response status and the release of its load.
+type httpContext struct {
+	types.DefaultHttpContext
+	plugin *pluginContext
+
+	api        routing.API
+	routed     bool // a POST on a configured route: it will be (or was) decided
+	decided    bool
+	clientRank int
+	requestID  string
+	req        routing.Request
+	decision   routing.Decision
+
+	healthReported bool
+	released       bool
+}
+
+func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (action types.Action) {
+	action = types.ActionContinue
+	defer c.recoverFailOpen("request headers", &action)
+	p := c.plugin
+	cfg := &p.cfg
+	if cfg.TrustClientDPRank {
+		if v, err := proxywasm.GetHttpRequestHeader(cfg.Headers.DPRank); err == nil {
+			if r, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && r >= 0 {
+				c.clientRank = r
+			}
+		}
+	}
+	for _, name := range p.owned {
+		_ = proxywasm.RemoveHttpRequestHeader(name)
+	}
+	method, _ := proxywasm.GetHttpRequestHeader(":method")
+	path, _ := proxywasm.GetHttpRequestHeader(":path")
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	api, ok := p.routes[path]
+	if method != "POST" || !ok {
+		return types.ActionContinue
+	}
+	c.routed, c.api = true, api
+	if cfg.Conversation.Enabled {
+		for _, h := range cfg.Conversation.Headers {
+			if v, err := proxywasm.GetHttpRequestHeader(h); err == nil && v != "" {
+				c.req.Conversation, c.req.HasConversation = routing.FingerprintString(v), true
+				break
+			}
+		}
+	}
+	c.requestID, _ = proxywasm.GetHttpRequestHeader("x-request-id")
+	if endOfStream {
+		c.decide(nil)
+		return types.ActionContinue
+	}
+	if cl, err := proxywasm.GetHttpRequestHeader("content-length"); err == nil {
+		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n > cfg.MaxBodyBytes {
+			c.req.Tokens = int(n / int64(cfg.CharsPerToken))
+			c.decide(nil)
+			return types.ActionContinue
+		}
+	}
+	// Hold the headers until the body is in: the decision needs it.
+	return types.ActionPause
+}
+
+func (c *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) (action types.Action) {
+	action = types.ActionContinue
+	defer c.recoverFailOpen("request body", &action)
+	if !c.routed || c.decided {
+		return types.ActionContinue
+	}
+	cfg := &c.plugin.cfg
+	if int64(bodySize) > cfg.MaxBodyBytes {
+		// A body without content-length that outgrew the buffer: route by its size.
+		c.req.Tokens = bodySize / cfg.CharsPerToken
+		c.decide(nil)
+		return types.ActionContinue
+	}
+	if !endOfStream {
+		return types.ActionPause
+	}
+	body, err := proxywasm.GetHttpRequestBody(0, bodySize)
+	if err != nil {
+		body = nil
+	}
+	c.decide(body)
+	return types.ActionContinue
+}
+
+// decide extracts what the body tells, asks the router and writes the headers.
+func (c *httpContext) decide(body []byte) {
+	p := c.plugin
+	cfg := &p.cfg
+	c.decided = true
+	if body != nil {
+		opt := routing.ExtractOptions{CharsPerToken: cfg.CharsPerToken, BlockTokens: cfg.Prefix.BlockTokens}
+		if cfg.Conversation.Enabled {
+			opt.BodyFields = cfg.Conversation.BodyFields
+		}
+		if err := routing.Extract(c.api, body, opt, &c.req); err != nil {
+			p.metrics.parseErrors.Increment(1)
+			// Fail open: route by load alone, forward the body untouched.
+			conv, has := c.req.Conversation, c.req.HasConversation
+			c.req = routing.Request{Conversation: conv, HasConversation: has}
+		}
+	}
+	switch {
+	case c.requestID != "":
+		c.req.Identity = routing.FingerprintString(c.requestID)
+	case body != nil:
+		c.req.Identity = routing.Fingerprint(body)
+	default:
+		c.req.Identity = c.req.Conversation
+	}
+	c.decision = p.router.Decide(&c.req, c.clientRank)
+	d := &c.decision
+	m := p.metrics
+	m.requestsRouted.Increment(1)
+	m.decisions[d.Kind].Increment(1)
+	if d.StateFailed {
+		m.stateConflicts.Increment(1)
+	}
+	if d.Ticket.Valid {
+		m.setTargetLoad(d.Target.ID, d.Load.Target)
+		setGauge(m.activeRequests, d.Load.TotalRequests)
+	}
+	h := &cfg.Headers
+	_ = proxywasm.ReplaceHttpRequestHeader(h.Destination, d.Target.Address)
+	if d.Target.DPSize > 1 {
+		_ = proxywasm.ReplaceHttpRequestHeader(h.DPRank, d.Target.RankText)
+	}
+	if h.Decision != "" {
+		_ = proxywasm.ReplaceHttpRequestHeader(h.Decision, d.Header())
+	}
+}
+
+func (c *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) (action types.Action) {
+	action = types.ActionContinue
+	defer c.recoverFailOpen("response headers", &action)
+	if !c.decided {
+		return types.ActionContinue
+	}
+	status, _ := proxywasm.GetHttpResponseHeader(":status")
+	code, _ := strconv.Atoi(status)
+	c.reportHealth(c.isFailureStatus(code) || upstreamFailed())
+	return types.ActionContinue
+}
+
+func (c *httpContext) isFailureStatus(code int) bool {
+	for _, s := range c.plugin.cfg.Health.FailureStatuses {
+		if s == code {
+			return true
+		}
+	}
+	return false
+}
+
+// reportHealth tells the health board how the target that served did, once.
+func (c *httpContext) reportHealth(failed bool) {
+	if c.healthReported {
+		return
+	}
+	c.healthReported = true
+	ejected, err := c.plugin.router.ReportHealth(c.decision.Target, false, failed)
+	if err != nil {
+		c.plugin.metrics.stateConflicts.Increment(1)
+	}
+	if ejected {
+		c.plugin.metrics.ejections.Increment(1)
+		proxywasm.LogWarnf("kvroute: endpoint %s ejected", c.decision.Target.Address)
+	}
+}
+
+func (c *httpContext) OnHttpStreamDone() {
+	var ignored types.Action
+	defer c.recoverFailOpen("stream done", &ignored)
+	if !c.decided {
+		return
+	}
+	if !c.healthReported && upstreamFailed() {
+		c.reportHealth(true)
+	}
+	c.release()
+}
+
+// release hands the request's load back, exactly once.
+func (c *httpContext) release() {
+	if c.released {
+		return
+	}
+	c.released = true
+	if !c.decision.Ticket.Valid {
+		return
+	}
+	change, err := c.plugin.router.Release(c.decision.Ticket)
+	if err != nil {
+		c.plugin.metrics.stateConflicts.Increment(1)
+		return
+	}
+	c.plugin.metrics.setTargetLoad(c.decision.Target.ID, change.Target)
+	setGauge(c.plugin.metrics.activeRequests, change.TotalRequests)
+}
+
+// recoverFailOpen turns a panic in a callback into a counted fail-open: the request
+// continues as it is.
+func (c *httpContext) recoverFailOpen(where string, action *types.Action) {
+	if r := recover(); r != nil {
+		*action = types.ActionContinue
+		if c.plugin.metrics != nil {
+			c.plugin.metrics.failOpen.Increment(1)
+		}
+		proxywasm.LogErrorf("kvroute: recovered in %s, failing open: %v", where, r)
+	}
+}
+
+// Envoy's response flags (StreamInfo::CoreResponseFlag) that mean the upstream failed
+// rather than the client: UpstreamRemoteReset, UpstreamConnectionFailure,
+// UpstreamConnectionTermination.
+const upstreamFailureFlags = 0x10 | 0x20 | 0x40
+
+// upstreamFailed reads Envoy's response.flags attribute (8 bytes, little endian).
+func upstreamFailed() bool {
+	v, err := proxywasm.GetProperty([]string{"response", "flags"})
+	if err != nil || len(v) < 8 {
+		return false
+	}
+	var flags uint64
+	for i := 7; i >= 0; i-- {
+		flags = flags<<8 | uint64(v[i])
+	}
+	return flags&upstreamFailureFlags != 0
+}

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"strings"
+
+	"github.com/kvroute/kvroute/routing"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+)
+
+// metrics are the Envoy stats of SPEC §9, all defined at plugin start so dashboards
+// show zeros before the first request.
+type metrics struct {
+	requestsRouted   proxywasm.MetricCounter
+	decisions        []proxywasm.MetricCounter // by routing.Kind
+	pdDisaggregated  proxywasm.MetricCounter
+	pdDirect         proxywasm.MetricCounter
+	pdPrefillFailure proxywasm.MetricCounter
+	parseErrors      proxywasm.MetricCounter
+	stateConflicts   proxywasm.MetricCounter
+	ejections        proxywasm.MetricCounter
+	failOpen         proxywasm.MetricCounter
+
+	activeRequests proxywasm.MetricGauge
+	targetActive   map[uint64]proxywasm.MetricGauge // decode target id → gauge
+}
+
+func defineMetrics(targets []routing.Target) *metrics {
+	m := &metrics{
+		requestsRouted:   proxywasm.DefineCounterMetric("kvroute_requests_routed"),
+		pdDisaggregated:  proxywasm.DefineCounterMetric("kvroute_pd_disaggregated"),
+		pdDirect:         proxywasm.DefineCounterMetric("kvroute_pd_direct"),
+		pdPrefillFailure: proxywasm.DefineCounterMetric("kvroute_pd_prefill_failures"),
+		parseErrors:      proxywasm.DefineCounterMetric("kvroute_parse_errors"),
+		stateConflicts:   proxywasm.DefineCounterMetric("kvroute_state_conflicts"),
+		ejections:        proxywasm.DefineCounterMetric("kvroute_endpoint_ejections"),
+		failOpen:         proxywasm.DefineCounterMetric("kvroute_fail_open"),
+		activeRequests:   proxywasm.DefineGaugeMetric("kvroute_active_requests"),
+		targetActive:     map[uint64]proxywasm.MetricGauge{},
+	}
+	for _, k := range routing.Kinds() {
+		name := "kvroute_decision_" + strings.ReplaceAll(k.String(), "-", "_")
+		m.decisions = append(m.decisions, proxywasm.DefineCounterMetric(name))
+	}
+	for _, t := range targets {
+		m.targetActive[t.ID] = proxywasm.DefineGaugeMetric(TargetGaugeName(t))
+	}
+	return m
+}
+
+// TargetGaugeName is kvroute_target_active_requests.<endpoint>.rank_<r>, with the
+// endpoint's '.' and ':' written as '_' so stats_tags can lift both into labels.
+func TargetGaugeName(t routing.Target) string {
+	ep := strings.NewReplacer(".", "_", ":", "_").Replace(t.Address)
+	return "kvroute_target_active_requests." + ep + ".rank_" + t.RankText
+}
+
+// setTargetLoad records a target's active requests, and the pool total, as the
+// ledger reported them just after a change.
+func (m *metrics) setTargetLoad(id uint64, l routing.Load) {
+	if g, ok := m.targetActive[id]; ok {
+		setGauge(g, l.Requests)
+	}
+}
+
+// setGauge sets a gauge through the ABI's only gauge write, an increment.
+func setGauge(g proxywasm.MetricGauge, v int64) {
+	if d := v - g.Value(); d != 0 {
+		g.Add(d)
+	}
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"time"
+
+	"github.com/kvroute/kvroute/routing"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+)
+
+// pluginContext holds one configuration of the filter in one VM.
+type pluginContext struct {
+	types.DefaultPluginContext
+	cfg     routing.Config
+	router  *routing.Router
+	metrics *metrics
+	routes  map[string]routing.API
+	owned   []string // owned header names, stripped from every request
+
+	lastSweep int64
+}
+
+// nowMS is the clock of the filter; Envoy serves it through WASI's clock.
+var nowMS = func() int64 { return time.Now().UnixMilli() }
+
+// tickPeriodMS is how often each VM runs housekeeping (the ledger sweep).
+const tickPeriodMS = 1000
+
+func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
+	data, err := proxywasm.GetPluginConfiguration()
+	if err != nil && err != types.ErrorStatusNotFound {
+		proxywasm.LogCriticalf("kvroute: cannot read the plugin configuration: %v", err)
+		return types.OnPluginStartStatusFailed
+	}
+	cfg, err := routing.ParseConfig(data)
+	if err != nil {
+		proxywasm.LogCriticalf("kvroute: invalid configuration: %v", err)
+		return types.OnPluginStartStatusFailed
+	}
+	p.cfg = cfg
+	p.router = routing.NewRouter(&p.cfg, sharedStore{}, func() int64 { return nowMS() })
+	p.metrics = defineMetrics(p.router.DecodeTargets())
+	p.routes = map[string]routing.API{}
+	for _, r := range cfg.Routes {
+		p.routes[r] = routing.APIForPath(r)
+	}
+	h := cfg.Headers
+	for _, name := range []string{h.Destination, h.DPRank, h.PrefillDestination, h.PrefillDPRank, h.Decision} {
+		if name != "" {
+			p.owned = append(p.owned, name)
+		}
+	}
+	if err := proxywasm.SetTickPeriodMilliSeconds(tickPeriodMS); err != nil {
+		proxywasm.LogWarnf("kvroute: no tick, expired load is swept only by reads: %v", err)
+	}
+	proxywasm.LogInfof("kvroute: started with %d decode and %d prefill targets",
+		len(p.router.DecodeTargets()), len(p.router.PrefillTargets()))
+	return types.OnPluginStartStatusOK
+}
+
+func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
+	return &httpContext{plugin: p, clientRank: routing.NoRank}
+}
+
+// OnTick sweeps expired load out of the ledgers and brings the gauges back in step
+// with them (a lease that expired never had its release).
+func (p *pluginContext) OnTick() {
+	defer p.recoverFailOpen("tick")
+	now := nowMS()
+	if now-p.lastSweep < p.cfg.State.LeaseMS/8 {
+		return
+	}
+	p.lastSweep = now
+	if err := p.router.Sweep(); err != nil {
+		p.metrics.stateConflicts.Increment(1)
+		return
+	}
+	loads, err := p.router.Loads()
+	if err != nil {
+		return
+	}
+	var total int64
+	for i, t := range p.router.DecodeTargets() {
+		p.metrics.setTargetLoad(t.ID, loads[i])
+		total += loads[i].Requests
+	}
+	setGauge(p.metrics.activeRequests, total)
+}
+
+// recoverFailOpen turns a panic in a callback into a counted fail-open.
+func (p *pluginContext) recoverFailOpen(where string) {
+	if r := recover(); r != nil {
+		if p.metrics != nil {
+			p.metrics.failOpen.Increment(1)
+		}
+		proxywasm.LogErrorf("kvroute: recovered in %s, failing open: %v", where, r)
+	}
+}

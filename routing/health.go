@@ -1,0 +1,122 @@
+package routing
+
+import "encoding/binary"
+
+// HealthBoard keeps passive health per endpoint of a pool in one shared-data key:
+// consecutive failures and, once they reach the threshold, the time the endpoint's
+// ejection ends. A success clears the count.
+type HealthBoard struct {
+	store     Store
+	key       string
+	retries   int
+	threshold int
+	cooldown  int64
+}
+
+const (
+	healthFormat     = 1
+	healthEntryBytes = 20 // endpoint fingerprint(8) failures(4) ejected-until ms(8)
+)
+
+// NewHealthBoard returns the health board of one pool.
+func NewHealthBoard(s Store, namespace, pool string, cfg HealthConfig, retries int) *HealthBoard {
+	return &HealthBoard{store: s, key: namespace + "/health/" + pool, retries: retries,
+		threshold: cfg.FailureThreshold, cooldown: cfg.CooldownMS}
+}
+
+type healthEntry struct {
+	endpoint     uint64
+	failures     uint32
+	ejectedUntil int64
+}
+
+func decodeHealth(v []byte) []healthEntry {
+	if len(v) < 1 || v[0] != healthFormat || (len(v)-1)%healthEntryBytes != 0 {
+		return nil
+	}
+	v = v[1:]
+	out := make([]healthEntry, 0, len(v)/healthEntryBytes)
+	for ; len(v) >= healthEntryBytes; v = v[healthEntryBytes:] {
+		out = append(out, healthEntry{
+			endpoint:     binary.LittleEndian.Uint64(v),
+			failures:     binary.LittleEndian.Uint32(v[8:]),
+			ejectedUntil: int64(binary.LittleEndian.Uint64(v[12:])),
+		})
+	}
+	return out
+}
+
+func encodeHealth(entries []healthEntry) []byte {
+	out := make([]byte, 1, 1+len(entries)*healthEntryBytes)
+	out[0] = healthFormat
+	for _, e := range entries {
+		if e.failures == 0 && e.ejectedUntil == 0 {
+			continue
+		}
+		out = binary.LittleEndian.AppendUint64(out, e.endpoint)
+		out = binary.LittleEndian.AppendUint32(out, e.failures)
+		out = binary.LittleEndian.AppendUint64(out, uint64(e.ejectedUntil))
+	}
+	return out
+}
+
+// Ejected returns the fingerprints of endpoints ejected at nowMS.
+func (h *HealthBoard) Ejected(nowMS int64) (map[uint64]bool, error) {
+	v, _, err := h.store.Get(h.key)
+	if err == ErrNotFound {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out map[uint64]bool
+	for _, e := range decodeHealth(v) {
+		if e.ejectedUntil > nowMS {
+			if out == nil {
+				out = map[uint64]bool{}
+			}
+			out[e.endpoint] = true
+		}
+	}
+	return out, nil
+}
+
+// Report records one response of endpoint. It returns true when this failure ejected
+// the endpoint (so the caller counts one ejection, once).
+func (h *HealthBoard) Report(endpoint uint64, failed bool, nowMS int64) (ejected bool, err error) {
+	err = update(h.store, h.key, h.retries, func(old []byte) ([]byte, bool) {
+		ejected = false
+		entries := decodeHealth(old)
+		i := 0
+		for ; i < len(entries) && entries[i].endpoint != endpoint; i++ {
+		}
+		if i == len(entries) {
+			if !failed {
+				return nil, false // healthy and unknown: nothing to write
+			}
+			entries = append(entries, healthEntry{endpoint: endpoint})
+		}
+		e := &entries[i]
+		if !failed {
+			if e.failures == 0 && e.ejectedUntil <= nowMS {
+				return nil, false
+			}
+			e.failures = 0
+			if e.ejectedUntil <= nowMS {
+				e.ejectedUntil = 0
+			}
+			return encodeHealth(entries), true
+		}
+		if e.ejectedUntil > nowMS {
+			return nil, false // already out; late failures of in-flight requests don't extend it
+		}
+		e.failures++
+		if int(e.failures) >= h.threshold {
+			e.failures = 0
+			e.ejectedUntil = nowMS + h.cooldown
+			ejected = true
+		}
+		return encodeHealth(entries), true
+	})
+	return ejected, err
+}

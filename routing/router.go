@@ -1,0 +1,385 @@
+package routing
+
+import (
+	"math"
+)
+
+// Router makes every routing decision of one plugin instance. Its state lives in a
+// Store shared by all VMs; the Router itself holds only the config and the expanded
+// target lists, so any number of Routers over one Store behave as one.
+type Router struct {
+	cfg     *Config
+	now     func() int64 // milliseconds
+	conv    *ConversationTable
+	decode  *poolState
+	prefill *poolState
+
+	// localCursor is the VM-local round robin used when shared state fails.
+	localCursor uint64
+}
+
+// poolState is one pool's targets and the shared records kept for it.
+type poolState struct {
+	name       string
+	targets    *PoolTargets
+	endpointFP []uint64 // per endpoint index, for health
+	ledger     *LoadLedger
+	health     *HealthBoard
+	cursor     *Cursor
+}
+
+// NewRouter builds a Router over store. now returns the current time in milliseconds.
+func NewRouter(cfg *Config, store Store, now func() int64) *Router {
+	ns, retries := cfg.State.Namespace, cfg.State.MaxCASRetries
+	newPool := func(name string, p Pool) *poolState {
+		ps := &poolState{
+			name:    name,
+			targets: NewPoolTargets(p),
+			ledger:  NewLoadLedger(store, ns, name, cfg.State.LeaseMS, retries),
+			health:  NewHealthBoard(store, ns, name, cfg.Health, retries),
+			cursor:  NewCursor(store, ns, name, retries),
+		}
+		for _, e := range p.Endpoints {
+			ps.endpointFP = append(ps.endpointFP, FingerprintString(e.Address))
+		}
+		return ps
+	}
+	return &Router{
+		cfg:     cfg,
+		now:     now,
+		conv:    NewConversationTable(store, ns, cfg.Conversation.MaxSessions, retries),
+		decode:  newPool("decode", cfg.Pools.Decode),
+		prefill: newPool("prefill", cfg.Pools.Prefill),
+	}
+}
+
+// DecodeTargets and PrefillTargets expose the expanded pools (for gauges and tools).
+func (r *Router) DecodeTargets() []Target  { return r.decode.targets.Targets }
+func (r *Router) PrefillTargets() []Target { return r.prefill.targets.Targets }
+
+// NoRank means the client named no (trusted) DP rank.
+const NoRank = -1
+
+// poolView is a pool as one decision sees it: who is eligible, their load and the cap.
+type poolView struct {
+	pool     *poolState
+	eligible []int  // indices into pool.targets.Targets, endpoint-first
+	loads    []Load // per index of pool.targets.Targets
+	total    Load   // over the eligible targets
+	cap      int64
+}
+
+// view reads health and load and works out eligibility and the fair-share cap.
+func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
+	ejected, err := p.health.Ejected(nowMS)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := p.ledger.Snapshot(nowMS)
+	if err != nil {
+		return nil, err
+	}
+	ts := p.targets.Targets
+	v := &poolView{pool: p, loads: make([]Load, len(ts)), eligible: make([]int, 0, len(ts))}
+	rankOK := func(t *Target) bool { return rank == NoRank || t.Rank == rank }
+	for i := range ts {
+		if rankOK(&ts[i]) && !ejected[p.endpointFP[ts[i].Endpoint]] {
+			v.eligible = append(v.eligible, i)
+		}
+	}
+	if len(v.eligible) == 0 { // health never fails a request closed
+		for i := range ts {
+			if rankOK(&ts[i]) {
+				v.eligible = append(v.eligible, i)
+			}
+		}
+	}
+	for _, i := range v.eligible {
+		v.loads[i] = snap[ts[i].ID]
+		v.total.Requests += v.loads[i].Requests
+		v.total.Tokens += v.loads[i].Tokens
+	}
+	v.cap = fairShareCap(r.cfg.Balance.FairShareMultiplier, v.total.Requests, len(v.eligible))
+	return v, nil
+}
+
+// fairShareCap is SPEC §5.3: max(1, ceil(m × ceil((active+1)/n))).
+func fairShareCap(multiplier float64, active int64, n int) int64 {
+	if n < 1 {
+		n = 1
+	}
+	share := (active + 1 + int64(n) - 1) / int64(n)
+	c := int64(math.Ceil(multiplier * float64(share)))
+	if c < 1 {
+		c = 1
+	}
+	return c
+}
+
+func (v *poolView) atCap(i int) bool { return v.loads[i].Requests >= v.cap }
+
+// position returns the index of target id if it is eligible, else -1.
+func (v *poolView) position(id uint64) int {
+	i := v.pool.targets.Index(id)
+	if i < 0 {
+		return -1
+	}
+	for _, e := range v.eligible {
+		if e == i {
+			return i
+		}
+	}
+	return -1
+}
+
+// candidates are the eligible targets under the cap, or every eligible target when
+// all are at it (capped reports that case: then the least loaded wins).
+func (v *poolView) candidates() (out []int, capped bool) {
+	out = make([]int, 0, len(v.eligible))
+	for _, i := range v.eligible {
+		if !v.atCap(i) {
+			out = append(out, i)
+		}
+	}
+	if len(out) == 0 {
+		return v.eligible, true
+	}
+	return out, false
+}
+
+func (r *Router) loadOf(l Load) int64 {
+	if r.cfg.Balance.LoadMetric == LoadMetricTokens {
+		return l.Tokens
+	}
+	return l.Requests
+}
+
+// cheapest applies the cost of SPEC §4.4 with matched tokens per target index
+// (nil: no match anywhere). Ties go to fewer active tokens, then to a shuffle seeded
+// by the request identity, so every VM and replica picks alike.
+func (r *Router) cheapest(v *poolView, cands []int, req *Request, matched []int) int {
+	reqTokens := float64(req.Tokens)
+	denom := math.Max(math.Max(float64(v.total.Tokens), reqTokens), 1)
+	w := r.cfg.Balance.LoadWeight
+	best, bestCost := -1, 0.0
+	ts := v.pool.targets.Targets
+	for _, i := range cands {
+		m := 0.0
+		if matched != nil {
+			m = float64(matched[i])
+		}
+		cost := (reqTokens - m) + w*float64(v.loads[i].Tokens)/denom*reqTokens
+		if best < 0 || cost < bestCost ||
+			(cost == bestCost && tieBefore(req.Identity, &ts[i], v.loads[i], &ts[best], v.loads[best])) {
+			best, bestCost = i, cost
+		}
+	}
+	return best
+}
+
+// tieBefore orders two equally good targets: fewer active tokens first, then the
+// request-seeded shuffle.
+func tieBefore(identity uint64, a *Target, la Load, b *Target, lb Load) bool {
+	if la.Tokens != lb.Tokens {
+		return la.Tokens < lb.Tokens
+	}
+	return rendezvousScore(identity, a.ID) > rendezvousScore(identity, b.ID)
+}
+
+// leastLoaded returns the candidates with the lowest load by balance.load_metric.
+func (r *Router) leastLoaded(v *poolView, cands []int) []int {
+	var ties []int
+	low := int64(math.MaxInt64)
+	for _, i := range cands {
+		l := r.loadOf(v.loads[i])
+		switch {
+		case l < low:
+			low, ties = l, append(ties[:0], i)
+		case l == low:
+			ties = append(ties, i)
+		}
+	}
+	return ties
+}
+
+// roundRobin picks from cands with the pool's shared cursor.
+func (r *Router) roundRobin(p *poolState, cands []int) (int, error) {
+	if len(cands) == 1 {
+		return cands[0], nil
+	}
+	n, err := p.cursor.Next()
+	if err != nil {
+		return -1, err
+	}
+	return cands[n%uint64(len(cands))], nil
+}
+
+// rendezvous picks the candidate with the highest random weight for key.
+func rendezvous(p *poolState, cands []int, key uint64) int {
+	best, bestScore := -1, uint64(0)
+	for _, i := range cands {
+		s := rendezvousScore(key, p.targets.Targets[i].ID)
+		if best < 0 || s > bestScore {
+			best, bestScore = i, s
+		}
+	}
+	return best
+}
+
+// Decide routes one request to a decode target. rank is a trusted client DP rank, or
+// NoRank. It never fails: when shared state does, it decides without it (SPEC §5.7).
+func (r *Router) Decide(req *Request, rank int) Decision {
+	nowMS := r.now()
+	p := r.decode
+	if rank != NoRank && !r.rankExists(p, rank) {
+		rank = NoRank
+	}
+	v, err := r.view(p, rank, nowMS)
+	if err != nil {
+		return r.fallback(p, req, rank)
+	}
+	var d Decision
+	choice := -1
+	if req.HasConversation && r.cfg.Conversation.Enabled {
+		choice, d.Kind, err = r.placeConversation(v, req)
+		if err != nil {
+			return r.fallback(p, req, rank)
+		}
+	} else {
+		cands, capped := v.candidates()
+		if capped {
+			cands = r.leastLoaded(v, cands)
+		}
+		choice, d.Kind = r.cheapest(v, cands, req, nil), KindLoad
+	}
+	d.Target = p.targets.Targets[choice]
+	ticket, after, err := p.ledger.Acquire(d.Target.ID, int64(req.Tokens), nowMS)
+	if err != nil {
+		d.StateFailed = true
+	} else {
+		d.Ticket, d.Load = ticket, after
+	}
+	return d
+}
+
+// placeConversation is SPEC §4.1–4.2 for a request with an explicit conversation id.
+func (r *Router) placeConversation(v *poolView, req *Request) (int, Kind, error) {
+	mapped, found, err := r.conv.Lookup(req.Conversation)
+	if err != nil {
+		return -1, 0, err
+	}
+	if found {
+		if i := v.position(mapped); i >= 0 {
+			if !v.atCap(i) {
+				return i, KindSticky, nil
+			}
+			cands, capped := v.candidates()
+			if capped {
+				cands = r.leastLoaded(v, cands)
+			}
+			return r.cheapest(v, cands, req, nil), KindOverflow, nil
+		}
+	}
+	choice, err := r.firstTurn(v, req)
+	if err != nil {
+		return -1, 0, err
+	}
+	if err := r.conv.Record(req.Conversation, v.pool.targets.Targets[choice].ID); err != nil {
+		return -1, 0, err
+	}
+	return choice, KindNewConversation, nil
+}
+
+// firstTurn places a new conversation by conversation.first_turn.
+func (r *Router) firstTurn(v *poolView, req *Request) (int, error) {
+	cands, capped := v.candidates()
+	if capped {
+		cands = r.leastLoaded(v, cands)
+	}
+	switch r.cfg.Conversation.FirstTurn {
+	case FirstTurnLeastLoaded:
+		return r.roundRobin(v.pool, r.leastLoaded(v, cands))
+	case FirstTurnHash:
+		return rendezvous(v.pool, cands, req.Conversation), nil
+	case FirstTurnScore:
+		return r.cheapest(v, cands, req, nil), nil
+	default:
+		return r.roundRobin(v.pool, cands)
+	}
+}
+
+// fallback decides without shared state: rendezvous hashing for an explicit
+// conversation (every VM and replica agrees), a VM-local round robin otherwise.
+func (r *Router) fallback(p *poolState, req *Request, rank int) Decision {
+	var cands []int
+	for i := range p.targets.Targets {
+		if rank == NoRank || p.targets.Targets[i].Rank == rank {
+			cands = append(cands, i)
+		}
+	}
+	var choice int
+	if req.HasConversation && r.cfg.Conversation.Enabled {
+		choice = rendezvous(p, cands, req.Conversation)
+	} else {
+		choice = cands[r.localCursor%uint64(len(cands))]
+		r.localCursor++
+	}
+	return Decision{Target: p.targets.Targets[choice], Kind: KindFallback, StateFailed: true}
+}
+
+func (r *Router) rankExists(p *poolState, rank int) bool {
+	for i := range p.targets.Targets {
+		if p.targets.Targets[i].Rank == rank {
+			return true
+		}
+	}
+	return false
+}
+
+// Release hands a decode ticket back; the returned load is the target's afterwards.
+func (r *Router) Release(t LoadTicket) (LoadChange, error) {
+	if !t.Valid {
+		return LoadChange{}, nil
+	}
+	return r.decode.ledger.Release(t, r.now())
+}
+
+// ReleasePrefill hands a prefill ticket back.
+func (r *Router) ReleasePrefill(t LoadTicket) (LoadChange, error) {
+	if !t.Valid {
+		return LoadChange{}, nil
+	}
+	return r.prefill.ledger.Release(t, r.now())
+}
+
+// ReportHealth records a response from a decode (or prefill) target. It returns true
+// when this report ejected the endpoint.
+func (r *Router) ReportHealth(t Target, prefill bool, failed bool) (bool, error) {
+	p := r.decode
+	if prefill {
+		p = r.prefill
+	}
+	return p.health.Report(FingerprintString(t.Address), failed, r.now())
+}
+
+// Sweep drops expired load from both ledgers.
+func (r *Router) Sweep() error {
+	err := r.decode.ledger.Sweep(r.now())
+	if err2 := r.prefill.ledger.Sweep(r.now()); err == nil {
+		err = err2
+	}
+	return err
+}
+
+// Loads returns the live load of every target of the decode pool, in pool order.
+func (r *Router) Loads() ([]Load, error) {
+	snap, err := r.decode.ledger.Snapshot(r.now())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Load, len(r.decode.targets.Targets))
+	for i, t := range r.decode.targets.Targets {
+		out[i] = snap[t.ID]
+	}
+	return out, nil
+}

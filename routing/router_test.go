@@ -1,0 +1,162 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeClock is a settable millisecond clock.
+type fakeClock struct{ ms int64 }
+
+func (c *fakeClock) now() int64 { return c.ms }
+
+func testConfig(t testing.TB, extra string) *Config {
+	t.Helper()
+	js := `{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},{"address":"10.0.0.3:8000"}]}}` + extra + `}`
+	cfg, err := ParseConfig([]byte(js))
+	require.NoError(t, err)
+	return &cfg
+}
+
+func convRequest(id string) *Request {
+	return &Request{Conversation: FingerprintString(id), HasConversation: true, Tokens: 10, Identity: FingerprintString("r-" + id)}
+}
+
+func TestStickyAfterFirstTurn(t *testing.T) {
+	clock := &fakeClock{ms: 1e6}
+	r := NewRouter(testConfig(t, ""), NewMemoryStore(), clock.now)
+	d := r.Decide(convRequest("a"), NoRank)
+	assert.Equal(t, KindNewConversation, d.Kind)
+	_, err := r.Release(d.Ticket)
+	require.NoError(t, err)
+	for i := 0; i < 5; i++ {
+		d2 := r.Decide(convRequest("a"), NoRank)
+		assert.Equal(t, KindSticky, d2.Kind)
+		assert.Equal(t, d.Target.ID, d2.Target.ID)
+		_, err := r.Release(d2.Ticket)
+		require.NoError(t, err)
+	}
+}
+
+func TestTwoRoutersOverOneStoreAgree(t *testing.T) {
+	// Two VMs of one Envoy: separate Routers, one shared store.
+	store, clock := NewMemoryStore(), &fakeClock{ms: 1e6}
+	a := NewRouter(testConfig(t, ""), store, clock.now)
+	b := NewRouter(testConfig(t, ""), store, clock.now)
+	var seen []string
+	for i := 0; i < 6; i++ {
+		vm := a
+		if i%2 == 1 {
+			vm = b
+		}
+		d := vm.Decide(convRequest(fmt.Sprint("c", i)), NoRank)
+		seen = append(seen, d.Target.Address)
+		_, _ = vm.Release(d.Ticket)
+	}
+	// One shared cursor: the two VMs continue one round robin.
+	assert.Equal(t, []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}, seen)
+	d := b.Decide(convRequest("c0"), NoRank)
+	assert.Equal(t, KindSticky, d.Kind)
+	assert.Equal(t, "10.0.0.1:8000", d.Target.Address)
+}
+
+func TestMappingToRemovedTargetCountsAsAbsent(t *testing.T) {
+	store, clock := NewMemoryStore(), &fakeClock{ms: 1e6}
+	r := NewRouter(testConfig(t, ""), store, clock.now)
+	placed := map[string]string{}
+	for i := 0; i < 6; i++ {
+		id := fmt.Sprint("c", i)
+		d := r.Decide(convRequest(id), NoRank)
+		placed[id] = d.Target.Address
+		_, _ = r.Release(d.Ticket)
+	}
+	// Reconfigure: drop 10.0.0.2, reorder the rest, add 10.0.0.4.
+	cfg, err := ParseConfig([]byte(`{"pools":{"decode":{"endpoints":[{"address":"10.0.0.4:8000"},{"address":"10.0.0.3:8000"},{"address":"10.0.0.1:8000"}]}}}`))
+	require.NoError(t, err)
+	r2 := NewRouter(&cfg, store, clock.now)
+	for id, addr := range placed {
+		d := r2.Decide(convRequest(id), NoRank)
+		if addr == "10.0.0.2:8000" {
+			assert.Equal(t, KindNewConversation, d.Kind, id)
+		} else {
+			assert.Equal(t, KindSticky, d.Kind, id)
+			assert.Equal(t, addr, d.Target.Address, id)
+		}
+		_, _ = r2.Release(d.Ticket)
+	}
+}
+
+// failingStore fails every operation the way a broken host would.
+type failingStore struct {
+	getErr, setErr error
+	inner          Store
+}
+
+func (f failingStore) Get(k string) ([]byte, uint32, error) {
+	if f.getErr != nil {
+		return nil, 0, f.getErr
+	}
+	return f.inner.Get(k)
+}
+
+func (f failingStore) Set(k string, v []byte, cas uint32) error {
+	if f.setErr != nil {
+		return f.setErr
+	}
+	return f.inner.Set(k, v, cas)
+}
+
+func TestStateFailureFallsBackWithoutState(t *testing.T) {
+	for name, store := range map[string]Store{
+		"cas conflicts on every try": failingStore{setErr: ErrCASMismatch, inner: NewMemoryStore()},
+		"host error on get":          failingStore{getErr: errors.New("host: internal failure")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			clock := &fakeClock{ms: 1e6}
+			r := NewRouter(testConfig(t, ""), store, clock.now)
+			// Explicit conversations: rendezvous hashing, the same on every try and
+			// every replica.
+			first := r.Decide(convRequest("x"), NoRank)
+			assert.Equal(t, KindFallback, first.Kind)
+			assert.True(t, first.StateFailed)
+			other := NewRouter(testConfig(t, ""), store, clock.now)
+			for i := 0; i < 3; i++ {
+				assert.Equal(t, first.Target.ID, other.Decide(convRequest("x"), NoRank).Target.ID)
+			}
+			// Anonymous requests: still spread, never blocked, nothing to release.
+			seen := map[string]bool{}
+			for i := 0; i < 30; i++ {
+				d := r.Decide(&Request{Tokens: 5, Identity: uint64(i)}, NoRank)
+				assert.True(t, d.StateFailed)
+				assert.False(t, d.Ticket.Valid)
+				seen[d.Target.Address] = true
+			}
+			assert.Len(t, seen, 3)
+		})
+	}
+}
+
+func TestTrustedClientRankRestrictsTargets(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"a:1","dp_size":4},{"address":"b:1","dp_size":2}]}}}`))
+	require.NoError(t, err)
+	r := NewRouter(&cfg, NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	for i := 0; i < 8; i++ {
+		d := r.Decide(&Request{Tokens: 3, Identity: uint64(i)}, 3)
+		assert.Equal(t, "a:1", d.Target.Address)
+		assert.Equal(t, 3, d.Target.Rank)
+	}
+	for i := 0; i < 8; i++ {
+		d := r.Decide(&Request{Tokens: 3, Identity: uint64(i)}, 1)
+		assert.Equal(t, 1, d.Target.Rank)
+	}
+	// A rank no endpoint has is ignored.
+	seen := map[int]bool{}
+	for i := 0; i < 32; i++ {
+		seen[r.Decide(&Request{Tokens: 3, Identity: uint64(i)}, 9).Target.Rank] = true
+	}
+	assert.Greater(t, len(seen), 1)
+}
