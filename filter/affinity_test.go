@@ -234,21 +234,23 @@ func TestBodylessPostIsDecidedAtHeaders(t *testing.T) {
 
 func TestConfigRefusedNamingTheField(t *testing.T) {
 	cases := map[string]string{
-		``:  "pools.decode.endpoints",
-		`{"pools":{"decode":{"endpoints":[{"address":"nope"}]}}}`:                            "pools.decode.endpoints[0].address",
-		`{"bogus":1,"pools":{"decode":{"endpoints":[{"address":"a:1"}]}}}`:                   "bogus",
-		`{"prefix":{"block_tokens":0},"pools":{"decode":{"endpoints":[{"address":"a:1"}]}}}`: "prefix.block_tokens",
-		`{"pools":{"decode":{"endpoints":[{"address":"a:1"},{"address":"a:1"}]}}}`:           "pools.decode.endpoints[1].address",
-		`{"disaggregation":{"mode":"vllm"},"pools":{"decode":{"endpoints":[{"address":"a:1"}]}}}`: "pools.prefill.endpoints",
+		``: "pools.decode.endpoints",
+		`{"pools":{"decode":{"endpoints":[{"address":"nope"}]}}}`:                                       "pools.decode.endpoints[0].address",
+		`{"bogus":1,"pools":{"decode":{"endpoints":[{"address":"a:1"}]}}}`:                              "bogus",
+		`{"prefix":{"block_tokens":0},"pools":{"decode":{"endpoints":[{"address":"a:1"}]}}}`:            "prefix.block_tokens",
+		`{"pools":{"decode":{"endpoints":[{"address":"a:1"},{"address":"a:1"}]}}}`:                      "pools.decode.endpoints[1].address",
+		`{"disaggregation":{"mode":"vllm"},"pools":{"decode":{"endpoints":[{"address":"a:1"}]}}}`:       "pools.prefill.endpoints",
 		`{"conversation":{"first_turn":"random"},"pools":{"decode":{"endpoints":[{"address":"a:1"}]}}}`: "conversation.first_turn",
 	}
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		for config, field := range cases {
-			h, status := tryStart(t, vm, config)
-			assert.Equal(t, types.OnPluginStartStatusFailed, status, config)
-			logs := h.GetCriticalLogs()
-			require.Len(t, logs, 1, config)
-			assert.Contains(t, logs[0], "invalid configuration: "+field+":", config)
+			t.Run(field, func(t *testing.T) {
+				h, status := tryStart(t, vm, config)
+				assert.Equal(t, types.OnPluginStartStatusFailed, status, config)
+				logs := h.GetCriticalLogs()
+				require.Len(t, logs, 1, config)
+				assert.Contains(t, logs[0], "invalid configuration: "+field+":", config)
+			})
 		}
 	})
 }

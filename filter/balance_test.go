@@ -1,0 +1,244 @@
+package main
+
+import (
+	"encoding/binary"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var targetGauges = []string{
+	"kvroute_target_active_requests.10_0_0_1_8000.rank_0",
+	"kvroute_target_active_requests.10_0_0_2_8000.rank_0",
+	"kvroute_target_active_requests.10_0_0_3_8000.rank_0",
+}
+
+func (h *host) activeByGauge() (total int64, per []int64) {
+	for _, g := range targetGauges {
+		per = append(per, h.gauge(g))
+	}
+	return h.gauge("kvroute_active_requests"), per
+}
+
+func TestGaugesDefinedAtStart(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, dpFleet)
+		for _, g := range []string{
+			"kvroute_active_requests",
+			"kvroute_target_active_requests.10_0_0_1_8000.rank_0",
+			"kvroute_target_active_requests.10_0_0_1_8000.rank_1",
+			"kvroute_target_active_requests.10_0_0_2_8000.rank_1",
+			"kvroute_target_active_requests.10_0_0_3_8000.rank_0",
+		} {
+			assert.Equal(t, int64(0), h.gauge(g), g)
+		}
+		for _, c := range []string{"kvroute_requests_routed", "kvroute_decision_sticky", "kvroute_decision_overflow",
+			"kvroute_decision_new_conversation", "kvroute_decision_continuation", "kvroute_decision_prefix",
+			"kvroute_decision_load", "kvroute_decision_fallback", "kvroute_pd_disaggregated", "kvroute_pd_direct",
+			"kvroute_pd_prefill_failures", "kvroute_parse_errors", "kvroute_state_conflicts",
+			"kvroute_endpoint_ejections", "kvroute_fail_open"} {
+			assert.Equal(t, uint64(0), h.counter(c), c)
+		}
+	})
+}
+
+// Every way a stream can end hands its load back exactly once.
+func TestLoadReleasedExactlyOnceOnEveryEnding(t *testing.T) {
+	endings := map[string]func(h *host, id uint32){
+		"completed": func(h *host, id uint32) { h.respond(id, 200) },
+		"streamed SSE": func(h *host, id uint32) {
+			h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
+			h.CallOnResponseBody(id, []byte("data: {}\n\n"), false)
+			h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
+			h.CompleteHttpContext(id)
+		},
+		"reset before any response": func(h *host, id uint32) { h.CompleteHttpContext(id) },
+		"local reply":               func(h *host, id uint32) { h.respond(id, 503) },
+		"upstream timeout":          func(h *host, id uint32) { h.respond(id, 504) },
+		"client gone mid-response": func(h *host, id uint32) {
+			h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+			h.CompleteHttpContext(id)
+		},
+	}
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		for name, end := range endings {
+			t.Run(name, func(t *testing.T) {
+				h := startHost(t, vm, threeEndpoints)
+				var ids []uint32
+				for i := 0; i < 6; i++ {
+					id, _ := h.send(post("/v1/chat/completions", chat(fmt.Sprint("q", i)), [2]string{"x-session-id", fmt.Sprint(name, i%4)}))
+					ids = append(ids, id)
+				}
+				total, per := h.activeByGauge()
+				assert.Equal(t, int64(6), total, name)
+				assert.Equal(t, int64(6), per[0]+per[1]+per[2], name)
+				for _, id := range ids {
+					end(h, id)
+				}
+				total, per = h.activeByGauge()
+				assert.Equal(t, int64(0), total, name)
+				assert.Equal(t, []int64{0, 0, 0}, per, name)
+			})
+		}
+		t.Run("client gone while the body buffers", func(t *testing.T) {
+			// A client that leaves while the body is still buffering took no load.
+			h := startHost(t, vm, threeEndpoints)
+			id := h.InitializeHttpContext()
+			h.CallOnRequestHeaders(id, [][2]string{{":method", "POST"}, {":path", "/v1/completions"}}, false)
+			h.CallOnRequestBody(id, []byte(`{"prompt":`), false)
+			h.CompleteHttpContext(id)
+			total, _ := h.activeByGauge()
+			assert.Equal(t, int64(0), total)
+			assert.Equal(t, uint64(0), h.counter("kvroute_requests_routed"))
+		})
+	})
+}
+
+func TestStickyOverflowsAtCapAndKeepsMapping(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, `{"balance":{"fair_share_multiplier":1.0},"pools":{"decode":{"endpoints":[
+			{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},{"address":"10.0.0.3:8000"}]}}}`)
+		var kinds, dests []string
+		var ids []uint32
+		for i := 0; i < 7; i++ {
+			id, _ := h.send(post("/v1/chat/completions", chat(fmt.Sprint("turn", i)), [2]string{"x-session-id", "pinned"}))
+			d, _ := h.header(id, "x-kvroute-decision")
+			dest, _ := h.header(id, "x-gateway-destination-endpoint")
+			kinds, dests = append(kinds, d), append(dests, dest)
+			ids = append(ids, id)
+		}
+		// The worked sequence of routing.TestCapSequenceMultiplierOne.
+		assert.Equal(t, []string{"new-conversation", "overflow", "overflow", "sticky", "overflow", "overflow", "sticky"}, kinds)
+		assert.Equal(t, dests[0], dests[3])
+		assert.Equal(t, dests[0], dests[6])
+		assert.NotEqual(t, dests[0], dests[1])
+		for _, id := range ids {
+			h.respond(id, 200)
+		}
+		// With the load gone, the conversation is back on its mapping.
+		dest, _, decision := h.route(post("/v1/chat/completions", chat("later"), [2]string{"x-session-id", "pinned"}))
+		assert.Equal(t, "sticky", decision)
+		assert.Equal(t, dests[0], dest)
+		assert.Equal(t, uint64(4), h.counter("kvroute_decision_overflow"))
+	})
+}
+
+func TestLeastLoadedFirstTurnInFilter(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, `{"conversation":{"first_turn":"least_loaded"},"balance":{"fair_share_multiplier":100},
+			"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},{"address":"10.0.0.3:8000"}]}}}`)
+		// Pin three long requests of one conversation onto its target.
+		var held []uint32
+		first := ""
+		for i := 0; i < 3; i++ {
+			id, _ := h.send(post("/v1/chat/completions", chat("long"), [2]string{"x-session-id", "heavy"}))
+			d, _ := h.header(id, "x-gateway-destination-endpoint")
+			if first == "" {
+				first = d
+			}
+			require.Equal(t, first, d)
+			held = append(held, id)
+		}
+		for i := 0; i < 12; i++ {
+			dest, _, dec := h.route(post("/v1/chat/completions", chat("hi"), [2]string{"x-session-id", fmt.Sprint("new", i)}))
+			assert.Equal(t, "new-conversation", dec)
+			assert.NotEqual(t, first, dest)
+		}
+		for _, id := range held {
+			h.respond(id, 200)
+		}
+	})
+}
+
+func TestPassiveHealthEjectsAndRecovers(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, `{"health":{"failure_threshold":3,"cooldown_ms":300},"pools":{"decode":{"endpoints":[
+			{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"}]}}}`)
+		id, _ := h.send(post("/v1/chat/completions", chat("x"), [2]string{"x-session-id", "s"}))
+		bad, _ := h.header(id, "x-gateway-destination-endpoint")
+		h.respond(id, 503)
+		for i := 0; i < 2; i++ {
+			d, _, dec := h.route(post("/v1/chat/completions", chat("x"), [2]string{"x-session-id", "s"}))
+			require.Equal(t, "sticky", dec)
+			require.Equal(t, bad, d)
+			id, _ := h.send(post("/v1/chat/completions", chat("x"), [2]string{"x-session-id", "s"}))
+			h.respond(id, 502)
+		}
+		assert.Equal(t, uint64(1), h.counter("kvroute_endpoint_ejections"))
+		// Ejected: the conversation is placed afresh and new traffic avoids it.
+		d, _, dec := h.route(post("/v1/chat/completions", chat("x"), [2]string{"x-session-id", "s"}))
+		assert.Equal(t, "new-conversation", dec)
+		assert.NotEqual(t, bad, d)
+		for i := 0; i < 10; i++ {
+			d, _, _ := h.route(post("/v1/completions", fmt.Sprintf(`{"prompt":"p%d"}`, i)))
+			assert.NotEqual(t, bad, d)
+		}
+		time.Sleep(350 * time.Millisecond) // the cooldown runs on the host's clock
+		seen := map[string]bool{}
+		for i := 0; i < 20; i++ {
+			d, _, _ := h.route(post("/v1/completions", fmt.Sprintf(`{"prompt":"p%d"}`, i)))
+			seen[d] = true
+		}
+		assert.True(t, seen[bad], "back in rotation after the cooldown")
+	})
+}
+
+func TestUpstreamConnectFailureCountsAgainstTarget(t *testing.T) {
+	flags := make([]byte, 8)
+	binary.LittleEndian.PutUint64(flags, 0x20) // UpstreamConnectionFailure
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, `{"health":{"failure_threshold":2,"failure_statuses":[]},"pools":{"decode":{"endpoints":[
+			{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"}]}}}`)
+		require.NoError(t, h.SetProperty([]string{"response", "flags"}, flags))
+		for i := 0; i < 2; i++ {
+			id, _ := h.send(post("/v1/chat/completions", chat("x"), [2]string{"x-session-id", "s"}))
+			h.CompleteHttpContext(id) // reset before any response
+		}
+		assert.Equal(t, uint64(1), h.counter("kvroute_endpoint_ejections"))
+	})
+}
+
+func TestTickSweepsExpiredLoad(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, `{"state":{"lease_ms":1000},"pools":{"decode":{"endpoints":[
+			{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},{"address":"10.0.0.3:8000"}]}}}`)
+		assert.Equal(t, uint32(1000), h.GetTickPeriod())
+		for i := 0; i < 4; i++ {
+			h.send(post("/v1/completions", fmt.Sprintf(`{"prompt":"lost %d"}`, i))) // never completed
+		}
+		total, _ := h.activeByGauge()
+		require.Equal(t, int64(4), total)
+		time.Sleep(1300 * time.Millisecond) // past the lease and its last slot
+		h.Tick()
+		total, per := h.activeByGauge()
+		assert.Equal(t, int64(0), total)
+		assert.Equal(t, []int64{0, 0, 0}, per)
+	})
+}
+
+func TestTrustedClientRankInFilter(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		t.Run("trusted", func(t *testing.T) {
+			h := startHost(t, vm, `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[
+			{"address":"10.0.0.1:8000","dp_size":4},{"address":"10.0.0.2:8000","dp_size":2}]}}}`)
+			for i := 0; i < 10; i++ {
+				_, rank, _ := h.route(post("/v1/completions", fmt.Sprintf(`{"prompt":"r%d"}`, i), [2]string{"x-data-parallel-rank", "3"}))
+				assert.Equal(t, "3", rank)
+			}
+		})
+		// Untrusted (default): the client's rank is stripped and ignored.
+		t.Run("untrusted", func(t *testing.T) {
+			h2 := startHost(t, vm, `{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":4}]}}}`)
+			ranks := map[string]bool{}
+			for i := 0; i < 20; i++ {
+				_, rank, _ := h2.route(post("/v1/completions", fmt.Sprintf(`{"prompt":"r%d"}`, i), [2]string{"x-data-parallel-rank", "3"}))
+				ranks[rank] = true
+			}
+			assert.Greater(t, len(ranks), 1)
+		})
+	})
+}

@@ -1,0 +1,248 @@
+package routing
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestFairShareCapFormula(t *testing.T) {
+	// cap = max(1, ceil(m × ceil((active+1)/n)))
+	cases := []struct {
+		m      float64
+		active int64
+		n      int
+		want   int64
+	}{
+		{1.0, 0, 3, 1}, {1.0, 2, 3, 1}, {1.0, 3, 3, 2}, {1.0, 6, 3, 3},
+		{2.0, 0, 3, 2}, {2.0, 2, 3, 2}, {2.0, 3, 3, 4}, {1.5, 3, 3, 3}, {1.5, 0, 4, 2},
+		{1.0, 0, 0, 1},
+	}
+	for _, c := range cases {
+		assert.Equal(t, c.want, fairShareCap(c.m, c.active, c.n), "%+v", c)
+	}
+}
+
+// capSequence sends turns of one conversation while every earlier request stays in
+// flight, and returns the decision kinds.
+func capSequence(t *testing.T, multiplier string, turns int) ([]string, []string) {
+	cfg := testConfig(t, `,"balance":{"fair_share_multiplier":`+multiplier+`}`)
+	r := NewRouter(cfg, NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	var kinds, targets []string
+	for i := 0; i < turns; i++ {
+		req := convRequest("a")
+		req.Identity = uint64(i)
+		d := r.Decide(req, NoRank)
+		kinds = append(kinds, d.Kind.String())
+		targets = append(targets, d.Target.Address)
+	}
+	return kinds, targets
+}
+
+func TestCapSequenceMultiplierOne(t *testing.T) {
+	// Worked by hand, 3 targets, the conversation pinned to 10.0.0.1:
+	// active 0: cap 1 → new (T0=1); 1: cap ceil(2/3)=1, T0 at cap → overflow;
+	// 2: cap 1 → overflow to the last free target; 3: cap ceil(4/3)=2 → sticky (T0=2);
+	// 4: cap 2 → overflow; 5: cap 2 → overflow; 6: cap ceil(7/3)=3 → sticky.
+	kinds, targets := capSequence(t, "1.0", 7)
+	assert.Equal(t, []string{"new-conversation", "overflow", "overflow", "sticky", "overflow", "overflow", "sticky"}, kinds)
+	for _, i := range []int{0, 3, 6} {
+		assert.Equal(t, "10.0.0.1:8000", targets[i], "turn %d returns to its mapping", i)
+	}
+	assert.ElementsMatch(t, []string{"10.0.0.2:8000", "10.0.0.3:8000"}, targets[1:3])
+	assert.ElementsMatch(t, []string{"10.0.0.2:8000", "10.0.0.3:8000"}, targets[4:6])
+}
+
+func TestCapSequenceMultiplierTwo(t *testing.T) {
+	// active 0: cap 2 → new (T0=1); 1: cap 2 → sticky (T0=2); 2: cap 2 → overflow;
+	// 3: cap 2×ceil(4/3)=4 → sticky (3); 4: cap 4 → sticky (4); 5: cap 2×2=4 → overflow;
+	// 6: cap 2×ceil(7/3)=6 → sticky.
+	kinds, _ := capSequence(t, "2.0", 7)
+	assert.Equal(t, []string{"new-conversation", "sticky", "overflow", "sticky", "sticky", "overflow", "sticky"}, kinds)
+}
+
+func TestLeastLoadedFirstTurnAvoidsBusyTarget(t *testing.T) {
+	for _, metric := range []string{"requests", "tokens"} {
+		t.Run(metric, func(t *testing.T) {
+			cfg := testConfig(t, `,"conversation":{"first_turn":"least_loaded"},"balance":{"load_metric":"`+metric+`","fair_share_multiplier":100}`)
+			r := NewRouter(cfg, NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+			// Load 10.0.0.1 with anonymous work pinned there through a trusted id.
+			busy := NewPoolTargets(cfg.Pools.Decode).Targets[0]
+			for i := 0; i < 5; i++ {
+				_, _, err := r.decode.ledger.Acquire(busy.ID, 1000, 1e6)
+				require.NoError(t, err)
+			}
+			for i := 0; i < 20; i++ {
+				d := r.Decide(convRequest(fmt.Sprint("n", i)), NoRank)
+				assert.Equal(t, KindNewConversation, d.Kind)
+				assert.NotEqual(t, busy.Address, d.Target.Address, "conversation %d", i)
+				_, err := r.Release(d.Ticket)
+				require.NoError(t, err)
+			}
+		})
+	}
+}
+
+func TestTieBreakIsDeterministicAcrossRouters(t *testing.T) {
+	// Same inputs, separate stores (two gateway replicas): the same choice.
+	a := NewRouter(testConfig(t, ""), NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	b := NewRouter(testConfig(t, ""), NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	spread := map[string]bool{}
+	for i := 0; i < 50; i++ {
+		req := &Request{Tokens: 100, Identity: FingerprintString(fmt.Sprint("req-", i))}
+		da, db := a.Decide(req, NoRank), b.Decide(req, NoRank)
+		assert.Equal(t, da.Target.ID, db.Target.ID)
+		spread[da.Target.Address] = true
+		_, _ = a.Release(da.Ticket)
+		_, _ = b.Release(db.Ticket)
+	}
+	assert.Len(t, spread, 3, "the seeded shuffle spreads idle-fleet ties")
+}
+
+func TestLedgerReleaseAndLeaseExpiry(t *testing.T) {
+	clock := &fakeClock{ms: 1_000_000}
+	cfg := testConfig(t, `,"state":{"lease_ms":8000}`)
+	r := NewRouter(cfg, NewMemoryStore(), clock.now)
+	d1 := r.Decide(&Request{Tokens: 40, Identity: 1}, NoRank)
+	d2 := r.Decide(&Request{Tokens: 60, Identity: 2}, NoRank)
+	loads, err := r.Loads()
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), total(loads).Requests)
+	assert.Equal(t, int64(100), total(loads).Tokens)
+	ch, err := r.Release(d1.Ticket)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), ch.TotalRequests)
+	// d2's completion is lost: after the lease it no longer counts.
+	clock.ms += 8000 + 1000
+	loads, err = r.Loads()
+	require.NoError(t, err)
+	assert.Equal(t, Load{}, total(loads))
+	require.NoError(t, r.Sweep())
+	// A late release of an expired ticket takes nothing from newer load.
+	d3 := r.Decide(&Request{Tokens: 7, Identity: 3}, NoRank)
+	_, err = r.Release(d2.Ticket)
+	require.NoError(t, err)
+	loads, _ = r.Loads()
+	assert.Equal(t, Load{Requests: 1, Tokens: 7}, total(loads))
+	_, _ = r.Release(d3.Ticket)
+	loads, _ = r.Loads()
+	assert.Equal(t, Load{}, total(loads))
+}
+
+func total(loads []Load) Load {
+	var t Load
+	for _, l := range loads {
+		t.Requests += l.Requests
+		t.Tokens += l.Tokens
+	}
+	return t
+}
+
+func TestLedgerHasNoLostUpdatesUnderConcurrency(t *testing.T) {
+	store := NewMemoryStore()
+	cfg := testConfig(t, `,"state":{"max_cas_retries":1000}`)
+	const workers, each = 8, 200
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	failed := 0
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			r := NewRouter(cfg, store, (&fakeClock{ms: 1e6}).now) // one Router per VM
+			var tickets []LoadTicket
+			for i := 0; i < each; i++ {
+				d := r.Decide(&Request{Tokens: 10, Identity: uint64(w*each + i), Conversation: uint64(i), HasConversation: i%2 == 0}, NoRank)
+				if !d.Ticket.Valid {
+					mu.Lock()
+					failed++
+					mu.Unlock()
+					continue
+				}
+				tickets = append(tickets, d.Ticket)
+				if len(tickets) > 5 {
+					_, err := r.Release(tickets[0])
+					if err != nil {
+						panic(err)
+					}
+					tickets = tickets[1:]
+				}
+			}
+			for _, tk := range tickets {
+				if _, err := r.Release(tk); err != nil {
+					panic(err)
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	assert.Zero(t, failed)
+	r := NewRouter(cfg, store, (&fakeClock{ms: 1e6}).now)
+	loads, err := r.Loads()
+	require.NoError(t, err)
+	assert.Equal(t, Load{}, total(loads), "every acquire was released exactly once")
+}
+
+func TestHealthEjectsAndRecovers(t *testing.T) {
+	clock := &fakeClock{ms: 1_000_000}
+	cfg := testConfig(t, `,"health":{"failure_threshold":3,"cooldown_ms":5000}`)
+	r := NewRouter(cfg, NewMemoryStore(), clock.now)
+	d := r.Decide(convRequest("pinned"), NoRank)
+	bad := d.Target
+	_, _ = r.Release(d.Ticket)
+	for i := 0; i < 2; i++ {
+		ej, err := r.ReportHealth(bad, false, true)
+		require.NoError(t, err)
+		assert.False(t, ej)
+	}
+	// A success resets the count.
+	_, _ = r.ReportHealth(bad, false, false)
+	for i := 0; i < 2; i++ {
+		ej, _ := r.ReportHealth(bad, false, true)
+		assert.False(t, ej)
+	}
+	ej, err := r.ReportHealth(bad, false, true)
+	require.NoError(t, err)
+	assert.True(t, ej, "third consecutive failure ejects")
+	ej, _ = r.ReportHealth(bad, false, true)
+	assert.False(t, ej, "an ejected endpoint is not ejected twice")
+
+	// Its conversation is placed afresh; nothing new lands on it.
+	d = r.Decide(convRequest("pinned"), NoRank)
+	assert.Equal(t, KindNewConversation, d.Kind)
+	assert.NotEqual(t, bad.Address, d.Target.Address)
+	moved := d.Target
+	_, _ = r.Release(d.Ticket)
+	for i := 0; i < 30; i++ {
+		d := r.Decide(&Request{Tokens: 5, Identity: uint64(i)}, NoRank)
+		assert.NotEqual(t, bad.Address, d.Target.Address)
+		_, _ = r.Release(d.Ticket)
+	}
+	// The new mapping holds after the cooldown.
+	clock.ms += 5001
+	d = r.Decide(convRequest("pinned"), NoRank)
+	assert.Equal(t, KindSticky, d.Kind)
+	assert.Equal(t, moved.Address, d.Target.Address)
+	seen := map[string]bool{}
+	for i := 0; i < 30; i++ {
+		d := r.Decide(&Request{Tokens: 5, Identity: uint64(i)}, NoRank)
+		seen[d.Target.Address] = true
+		_, _ = r.Release(d.Ticket)
+	}
+	assert.True(t, seen[bad.Address], "after the cooldown the endpoint takes traffic again")
+}
+
+func TestAllEjectedStillRoutes(t *testing.T) {
+	clock := &fakeClock{ms: 1_000_000}
+	cfg := testConfig(t, `,"health":{"failure_threshold":1}`)
+	r := NewRouter(cfg, NewMemoryStore(), clock.now)
+	for _, tg := range r.DecodeTargets() {
+		_, _ = r.ReportHealth(tg, false, true)
+	}
+	d := r.Decide(&Request{Tokens: 5}, NoRank)
+	assert.Equal(t, KindLoad, d.Kind)
+	assert.NotEmpty(t, d.Target.Address)
+}
