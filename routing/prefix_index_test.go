@@ -1,0 +1,289 @@
+package routing
+
+import (
+	"fmt"
+	"math/rand"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestCheckpointGrid(t *testing.T) {
+	var grid []int
+	for k := 1; k <= 64; k++ {
+		if isCheckpoint(k) {
+			grid = append(grid, k)
+		}
+	}
+	assert.Equal(t, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+		18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60, 64}, grid)
+	// The largest grid point at or below L is above 7/8 of L, for every L.
+	last, bad := 0, -1
+	for L := 1; L <= 1<<20; L++ {
+		if isCheckpoint(L) {
+			last = L
+		}
+		if 8*last <= 7*L && bad < 0 {
+			bad = L
+		}
+	}
+	assert.Equal(t, -1, bad, "first L whose grid point is at or below 7/8 of it")
+}
+
+func TestHashCheckpointsChainAndSeed(t *testing.T) {
+	a := []byte("0123456789abcdef0123456789abcdef-tail")
+	b := []byte("0123456789abcdef0123456789ABCDEF-tail")
+	ca, n := HashCheckpoints("m", a, 8, nil)
+	assert.Equal(t, 4, n)
+	require.Len(t, ca, 4)
+	cb, _ := HashCheckpoints("m", b, 8, nil)
+	assert.Equal(t, ca[0], cb[0])
+	assert.Equal(t, ca[1], cb[1])
+	assert.Equal(t, ca[2], cb[2])
+	assert.NotEqual(t, ca[3].Hash, cb[3].Hash, "the block with the difference differs")
+	c, _ := HashCheckpoints("m", append([]byte("X"), a[1:]...), 8, nil)
+	for i := range c {
+		assert.NotEqual(t, ca[i].Hash, c[i].Hash, "the chain carries a difference forward")
+	}
+	cm, _ := HashCheckpoints("other-model", a, 8, nil)
+	assert.NotEqual(t, ca[0].Hash, cm[0].Hash, "seeded with the model")
+	none, n := HashCheckpoints("m", []byte("short"), 8, nil)
+	assert.Empty(t, none)
+	assert.Zero(t, n)
+}
+
+func TestHashCheckpointsHashesEveryBlockOfLongPrompts(t *testing.T) {
+	// A 128k-token prompt (512 KiB at 4 bytes a token) in blocks of 64 bytes: 8192 blocks.
+	p := make([]byte, 512<<10)
+	rand.New(rand.NewSource(1)).Read(p)
+	cps, n := HashCheckpoints("m", p, 64, nil)
+	assert.Equal(t, 8192, n)
+	assert.Equal(t, 8192, cps[len(cps)-1].Pos)
+	assert.LessOrEqual(t, len(cps), 16+8*9+1)
+	q := append([]byte(nil), p...)
+	q[len(q)-1] ^= 1 // a change in the very last block
+	cq, _ := HashCheckpoints("m", q, 64, nil)
+	assert.Equal(t, cps[len(cps)-2], cq[len(cq)-2])
+	assert.NotEqual(t, cps[len(cps)-1].Hash, cq[len(cq)-1].Hash)
+}
+
+// exactIndex is the reference: every recorded prompt, in full.
+type exactIndex struct {
+	prompts [][]uint64 // full chain hash per block
+	targets []uint32
+}
+
+func chainOf(p []byte, blockBytes int) []uint64 {
+	var out []uint64
+	n := len(p) / blockBytes
+	for k := 1; k <= n; k++ {
+		cps, _ := HashCheckpoints("m", p[:k*blockBytes], blockBytes, nil)
+		out = append(out, cps[len(cps)-1].Hash)
+	}
+	return out
+}
+
+func (e *exactIndex) record(chain []uint64, t uint32) {
+	e.prompts = append(e.prompts, chain)
+	e.targets = append(e.targets, t)
+}
+
+func (e *exactIndex) match(chain []uint64) map[uint32]int {
+	out := map[uint32]int{}
+	for i, p := range e.prompts {
+		l := 0
+		for l < len(p) && l < len(chain) && p[l] == chain[l] {
+			l++
+		}
+		if l > out[e.targets[i]] {
+			out[e.targets[i]] = l
+		}
+	}
+	return out
+}
+
+// compareWithExact records every prompt of a workload on a random target of four and,
+// before each, compares the index's matches with the exact index's. It returns how many
+// target matches were checked and how many were at least 7/8 of the exact match.
+func compareWithExact(t *testing.T, rng *rand.Rand, next func() []byte, n int) (checked, within int) {
+	const blockBytes = 8
+	targets := []uint32{11, 22, 33, 44}
+	known := func(t uint32) bool { return t == 11 || t == 22 || t == 33 || t == 44 }
+	x := NewPrefixIndex(NewMemoryStore(), "ns", "decode", 1<<20, 8)
+	exact := &exactIndex{}
+	for i := 0; i < n; i++ {
+		p := next()
+		chain := chainOf(p, blockBytes)
+		cps, _ := HashCheckpoints("m", p, blockBytes, nil)
+		got, err := x.Match(cps, known)
+		require.NoError(t, err)
+		want := exact.match(chain)
+		gotBy := map[uint32]int{}
+		for _, m := range got {
+			gotBy[m.Target] = m.Blocks
+		}
+		for tg := range gotBy {
+			require.Contains(t, want, tg, "a match must come from a recorded prompt")
+		}
+		for tg, w := range want {
+			g := gotBy[tg]
+			require.LessOrEqual(t, g, w, "prompt %d target %d: never above the exact match", i, tg)
+			checked++
+			if 8*g < 7*w && testing.Verbose() {
+				t.Logf("prompt %d (%d blocks) target %d: got %d want %d", i, len(chain), tg, g, w)
+			}
+			if 8*g >= 7*w {
+				within++
+			}
+		}
+		tg := targets[rng.Intn(len(targets))]
+		require.NoError(t, x.Record(cps, uint64(tg)))
+		exact.record(chain, tg)
+	}
+	return checked, within
+}
+
+func randomText(rng *rand.Rand, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte('a' + rng.Intn(26))
+	}
+	return b
+}
+
+func TestPrefixIndexAgainstExactIndexOnRealisticTraffic(t *testing.T) {
+	// Conversations that grow turn by turn (some behind a shared system prompt) and
+	// documents that many questions are asked about, interleaved.
+	rng := rand.New(rand.NewSource(42))
+	system := randomText(rng, 600)
+	var convs [][]byte
+	var docs [][]byte
+	next := func() []byte {
+		switch r := rng.Intn(10); {
+		case r < 2 || len(convs) == 0:
+			var c []byte
+			if rng.Intn(2) == 0 {
+				c = append(c, system...)
+			}
+			c = append(c, randomText(rng, 50+rng.Intn(800))...)
+			convs = append(convs, c)
+			return c
+		case r < 6:
+			i := rng.Intn(len(convs))
+			convs[i] = append(convs[i], randomText(rng, 20+rng.Intn(600))...)
+			return convs[i]
+		case r < 7 || len(docs) == 0:
+			d := randomText(rng, 2000+rng.Intn(6000))
+			docs = append(docs, d)
+			return append(append([]byte(nil), d...), randomText(rng, 40)...)
+		default:
+			d := docs[rng.Intn(len(docs))]
+			return append(append([]byte(nil), d...), randomText(rng, 20+rng.Intn(100))...)
+		}
+	}
+	checked, within := compareWithExact(t, rng, next, 600)
+	assert.Greater(t, checked, 500)
+	assert.Equal(t, checked, within, "every match at least 7/8 of the exact one")
+}
+
+func TestPrefixIndexAgainstExactIndexOnAdversarialTree(t *testing.T) {
+	// Every prompt forks a random earlier one at a random point: many branches crowd
+	// the same levels, so bucket-local eviction can lose a branch's deep checkpoints.
+	// The match is still never above the exact one, and rarely below 7/8 of it.
+	rng := rand.New(rand.NewSource(7))
+	var prompts [][]byte
+	next := func() []byte {
+		var p []byte
+		if len(prompts) > 0 && rng.Intn(4) > 0 {
+			base := prompts[rng.Intn(len(prompts))]
+			cut := rng.Intn(len(base) + 1)
+			p = append(append([]byte(nil), base[:cut]...), randomText(rng, rng.Intn(3000))...)
+		} else {
+			p = randomText(rng, rng.Intn(4000))
+		}
+		prompts = append(prompts, p)
+		return p
+	}
+	checked, within := compareWithExact(t, rng, next, 400)
+	t.Logf("%d of %d matches at least 7/8 of the exact one", within, checked)
+	assert.GreaterOrEqual(t, float64(within), 0.9*float64(checked))
+}
+
+// countingStore counts host operations.
+type countingStore struct {
+	Store
+	gets, sets int
+}
+
+func (c *countingStore) Get(k string) ([]byte, uint32, error) { c.gets++; return c.Store.Get(k) }
+func (c *countingStore) Set(k string, v []byte, cas uint32) error {
+	c.sets++
+	return c.Store.Set(k, v, cas)
+}
+
+func TestPrefixIndexHostCallsGrowLogarithmically(t *testing.T) {
+	for _, blocks := range []int{64, 1024, 16384} {
+		t.Run(fmt.Sprint(blocks), func(t *testing.T) {
+			cs := &countingStore{Store: NewMemoryStore()}
+			x := NewPrefixIndex(cs, "ns", "decode", 1<<20, 8)
+			p := make([]byte, blocks*8)
+			rand.New(rand.NewSource(int64(blocks))).Read(p)
+			cps, _ := HashCheckpoints("m", p, 8, nil)
+			require.NoError(t, x.Record(cps, 5))
+			assert.LessOrEqual(t, len(cps), 16+8*(bitsLen(blocks)-5)+1, "O(log n) checkpoints")
+			assert.Equal(t, len(cps), cs.sets, "one write per checkpoint the first time")
+			cs.gets, cs.sets = 0, 0
+			require.NoError(t, x.Record(cps, 5))
+			assert.Equal(t, 0, cs.sets, "recording the same prompt again writes nothing")
+			assert.Equal(t, len(cps), cs.gets)
+			cs.gets = 0
+			got, err := x.Match(cps, func(uint32) bool { return true })
+			require.NoError(t, err)
+			require.Len(t, got, 1)
+			assert.Equal(t, blocks, got[0].Blocks)
+			assert.LessOrEqual(t, cs.gets, 2*bitsLen(len(cps)), "binary search over %d checkpoints", len(cps))
+			t.Logf("%d blocks: %d checkpoints, lookup %d reads", blocks, len(cps), cs.gets)
+		})
+	}
+}
+
+func bitsLen(n int) int {
+	l := 0
+	for ; n > 0; n >>= 1 {
+		l++
+	}
+	return l
+}
+
+func TestPrefixIndexIsBounded(t *testing.T) {
+	ms := NewMemoryStore()
+	x := NewPrefixIndex(ms, "ns", "decode", 4096, 8)
+	rng := rand.New(rand.NewSource(7))
+	for i := 0; i < 3000; i++ {
+		p := make([]byte, 8*(1+rng.Intn(200)))
+		rng.Read(p)
+		cps, _ := HashCheckpoints("m", p, 8, nil)
+		require.NoError(t, x.Record(cps, uint64(1+i%4)))
+	}
+	keys, bytes := ms.Footprint()
+	assert.LessOrEqual(t, keys, 4096/prefixBucketEntries)
+	assert.LessOrEqual(t, bytes, 4096*prefixEntryBytes+keys*32)
+}
+
+func TestPrefixIndexKeepsMostRecentTargets(t *testing.T) {
+	x := NewPrefixIndex(NewMemoryStore(), "ns", "decode", 1024, 8)
+	p := make([]byte, 8*40)
+	cps, _ := HashCheckpoints("m", p, 8, nil)
+	for tg := uint64(1); tg <= 6; tg++ {
+		require.NoError(t, x.Record(cps, tg))
+	}
+	got, err := x.Match(cps, func(uint32) bool { return true })
+	require.NoError(t, err)
+	var ts []uint32
+	for _, m := range got {
+		ts = append(ts, m.Target)
+		assert.Equal(t, 40, m.Blocks)
+	}
+	assert.ElementsMatch(t, []uint32{3, 4, 5, 6}, ts)
+}
