@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
@@ -162,10 +161,11 @@ func TestPassiveHealthEjectsAndRecovers(t *testing.T) {
 		bad, _ := h.header(id, "x-gateway-destination-endpoint")
 		h.respond(id, 503)
 		for i := 0; i < 2; i++ {
-			d, _, dec := h.route(post("/v1/chat/completions", chat("x"), [2]string{"x-session-id", "s"}))
+			id, _ := h.send(post("/v1/chat/completions", chat("x"), [2]string{"x-session-id", "s"}))
+			d, _ := h.header(id, "x-gateway-destination-endpoint")
+			dec, _ := h.header(id, "x-kvroute-decision")
 			require.Equal(t, "sticky", dec)
 			require.Equal(t, bad, d)
-			id, _ := h.send(post("/v1/chat/completions", chat("x"), [2]string{"x-session-id", "s"}))
 			h.respond(id, 502)
 		}
 		assert.Equal(t, uint64(1), h.counter("kvroute_endpoint_ejections"))
@@ -177,7 +177,7 @@ func TestPassiveHealthEjectsAndRecovers(t *testing.T) {
 			d, _, _ := h.route(post("/v1/completions", fmt.Sprintf(`{"prompt":"p%d"}`, i)))
 			assert.NotEqual(t, bad, d)
 		}
-		time.Sleep(350 * time.Millisecond) // the cooldown runs on the host's clock
+		h.advance(350)
 		seen := map[string]bool{}
 		for i := 0; i < 20; i++ {
 			d, _, _ := h.route(post("/v1/completions", fmt.Sprintf(`{"prompt":"p%d"}`, i)))
@@ -212,7 +212,7 @@ func TestTickSweepsExpiredLoad(t *testing.T) {
 		}
 		total, _ := h.activeByGauge()
 		require.Equal(t, int64(4), total)
-		time.Sleep(1300 * time.Millisecond) // past the lease and its last slot
+		h.advance(1300) // past the lease and its last slot
 		h.Tick()
 		total, per := h.activeByGauge()
 		assert.Equal(t, int64(0), total)

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"io"
+	"log"
 	"os"
 	"strconv"
 	"sync"
@@ -37,14 +39,37 @@ func compiledVM(t testing.TB) types.VMContext {
 
 // bothVMs runs fn once with the Go plugin and once with the compiled wasm.
 func bothVMs(t *testing.T, fn func(t *testing.T, vm types.VMContext)) {
-	t.Run("go", func(t *testing.T) { fn(t, &vmContext{}) })
+	t.Run("go", func(t *testing.T) {
+		// The Go plugin runs on a test clock that advance moves.
+		saved := nowMS
+		goClock = 1_700_000_000_000
+		nowMS = func() int64 { return goClock }
+		defer func() { nowMS = saved }()
+		fn(t, &vmContext{})
+	})
 	t.Run("wasm", func(t *testing.T) { fn(t, compiledVM(t)) })
 }
+
+var goClock int64
 
 // host wraps the emulator with the few steps every test takes.
 type host struct {
 	proxytest.HostEmulator
-	t testing.TB
+	t    testing.TB
+	wasm bool
+}
+
+// advance moves the plugin's clock forward by at least ms milliseconds. The Go plugin
+// runs on goClock. In wazero the guest's clock is wazero's fake walltime, which moves
+// 1 ms at each reading, and each tick reads it once: so ms ticks move it ms or more.
+func (h *host) advance(ms int) {
+	if !h.wasm {
+		goClock += int64(ms)
+		return
+	}
+	for i := 0; i < ms; i++ {
+		h.Tick()
+	}
 }
 
 // startHost starts the plugin with config and requires it to accept the config.
@@ -60,7 +85,8 @@ func tryStart(t testing.TB, vm types.VMContext, config string) (*host, types.OnP
 	emu, reset := proxytest.NewHostEmulator(opt)
 	t.Cleanup(reset)
 	require.Equal(t, types.OnVMStartStatusOK, emu.StartVM())
-	return &host{HostEmulator: emu, t: t}, emu.StartPlugin()
+	_, isGo := vm.(*vmContext)
+	return &host{HostEmulator: emu, t: t, wasm: !isGo}, emu.StartPlugin()
 }
 
 // request is one client request.
@@ -133,4 +159,10 @@ func (h *host) gauge(name string) int64 {
 
 func chat(content string) string {
 	return `{"model":"m","messages":[{"role":"user","content":` + strconv.Quote(content) + `}]}`
+}
+
+// TestMain silences the emulator's log of every host call; failures still print.
+func TestMain(m *testing.M) {
+	log.SetOutput(io.Discard)
+	os.Exit(m.Run())
 }

@@ -111,10 +111,9 @@ func (c *httpContext) decide(body []byte) {
 			opt.BodyFields = cfg.Conversation.BodyFields
 		}
 		if err := routing.Extract(c.api, body, opt, &c.req); err != nil {
+			// Fail open: Extract left no prompt, so this routes by load alone, and the
+			// body is forwarded untouched.
 			p.metrics.parseErrors.Increment(1)
-			// Fail open: route by load alone, forward the body untouched.
-			conv, has := c.req.Conversation, c.req.HasConversation
-			c.req = routing.Request{Conversation: conv, HasConversation: has}
 		}
 	}
 	switch {

@@ -16,6 +16,9 @@ type Router struct {
 
 	// localCursor is the VM-local round robin used when shared state fails.
 	localCursor uint64
+	// cpBuf is reused for each request's checkpoints (a Router serves one VM, one
+	// request at a time).
+	cpBuf []Checkpoint
 }
 
 // poolState is one pool's targets and the shared records kept for it.
@@ -26,6 +29,8 @@ type poolState struct {
 	ledger     *LoadLedger
 	health     *HealthBoard
 	cursor     *Cursor
+	index      *PrefixIndex
+	byID32     map[uint32]int // low 32 bits of a target id → index, as the prefix index keeps them
 }
 
 // NewRouter builds a Router over store. now returns the current time in milliseconds.
@@ -38,6 +43,11 @@ func NewRouter(cfg *Config, store Store, now func() int64) *Router {
 			ledger:  NewLoadLedger(store, ns, name, cfg.State.LeaseMS, retries),
 			health:  NewHealthBoard(store, ns, name, cfg.Health, retries),
 			cursor:  NewCursor(store, ns, name, retries),
+			index:   NewPrefixIndex(store, ns, name, cfg.Prefix.CapacityBlocks, retries),
+			byID32:  map[uint32]int{},
+		}
+		for i, t := range ps.targets.Targets {
+			ps.byID32[prefixTargetID(t.ID)] = i
 		}
 		for _, e := range p.Endpoints {
 			ps.endpointFP = append(ps.endpointFP, FingerprintString(e.Address))
@@ -158,6 +168,9 @@ func (r *Router) loadOf(l Load) int64 {
 // (nil: no match anywhere). Ties go to fewer active tokens, then to a shuffle seeded
 // by the request identity, so every VM and replica picks alike.
 func (r *Router) cheapest(v *poolView, cands []int, req *Request, matched []int) int {
+	if len(cands) == 0 {
+		return -1
+	}
 	reqTokens := float64(req.Tokens)
 	denom := math.Max(math.Max(float64(v.total.Tokens), reqTokens), 1)
 	w := r.cfg.Balance.LoadWeight
@@ -226,6 +239,21 @@ func rendezvous(p *poolState, cands []int, key uint64) int {
 	return best
 }
 
+// prefixTargetID is the 32-bit form of a target id that the prefix index keeps.
+func prefixTargetID(id uint64) uint32 {
+	if t := uint32(id); t != 0 {
+		return t
+	}
+	return 1
+}
+
+// prompt is the prefix view of one request: its checkpoints and matches.
+type prompt struct {
+	cps     []Checkpoint
+	blocks  int
+	matched []int // matched blocks per target index of the pool; nil until looked up
+}
+
 // Decide routes one request to a decode target. rank is a trusted client DP rank, or
 // NoRank. It never fails: when shared state does, it decides without it (SPEC §5.7).
 func (r *Router) Decide(req *Request, rank int) Decision {
@@ -238,21 +266,27 @@ func (r *Router) Decide(req *Request, rank int) Decision {
 	if err != nil {
 		return r.fallback(p, req, rank)
 	}
+	pr := &prompt{}
+	if r.cfg.Prefix.Enabled && req.BlockBytes > 0 {
+		r.cpBuf, pr.blocks = HashCheckpoints(req.Model, req.Prompt, req.BlockBytes, r.cpBuf)
+		pr.cps = r.cpBuf
+	}
 	var d Decision
 	choice := -1
 	if req.HasConversation && r.cfg.Conversation.Enabled {
-		choice, d.Kind, err = r.placeConversation(v, req)
-		if err != nil {
-			return r.fallback(p, req, rank)
-		}
+		choice, d.Kind, err = r.placeConversation(v, req, pr)
 	} else {
-		cands, capped := v.candidates()
-		if capped {
-			cands = r.leastLoaded(v, cands)
-		}
-		choice, d.Kind = r.cheapest(v, cands, req, nil), KindLoad
+		choice, d.Kind, err = r.placeByPrefix(v, req, pr)
+	}
+	if err != nil {
+		return r.fallback(p, req, rank)
 	}
 	d.Target = p.targets.Targets[choice]
+	if len(pr.cps) > 0 {
+		if err := p.index.Record(pr.cps, d.Target.ID); err != nil {
+			d.StateFailed = true
+		}
+	}
 	ticket, after, err := p.ledger.Acquire(d.Target.ID, int64(req.Tokens), nowMS)
 	if err != nil {
 		d.StateFailed = true
@@ -262,8 +296,94 @@ func (r *Router) Decide(req *Request, rank int) Decision {
 	return d
 }
 
+// lookup fills pr.matched from the pool's prefix index, once.
+func (r *Router) lookup(v *poolView, pr *prompt) error {
+	if pr.matched != nil || len(pr.cps) == 0 {
+		return nil
+	}
+	p := v.pool
+	found, err := p.index.Match(pr.cps, func(t uint32) bool { _, ok := p.byID32[t]; return ok })
+	if err != nil {
+		return err
+	}
+	pr.matched = make([]int, len(p.targets.Targets))
+	for _, m := range found {
+		pr.matched[p.byID32[m.Target]] = m.Blocks
+	}
+	return nil
+}
+
+// matchedTokens converts matched blocks into tokens for the cost, gated: when the
+// best match rate over cands is not strictly above prefix.match_rate_threshold every
+// match counts as 0 (nil).
+func (r *Router) matchedTokens(req *Request, pr *prompt, cands []int) []int {
+	if pr.matched == nil || req.Tokens <= 0 {
+		return nil
+	}
+	out := make([]int, len(pr.matched))
+	best := 0
+	for _, i := range cands {
+		out[i] = min(pr.matched[i]*r.cfg.Prefix.BlockTokens, req.Tokens)
+		best = max(best, out[i])
+	}
+	if float64(best)/float64(req.Tokens) <= r.cfg.Prefix.MatchRateThreshold {
+		return nil
+	}
+	return out
+}
+
+// placeByPrefix is SPEC §4.3–4.4 and §4.7 for a request without an explicit id:
+// implicit continuation, else the gated cost.
+func (r *Router) placeByPrefix(v *poolView, req *Request, pr *prompt) (int, Kind, error) {
+	cands, capped := v.candidates()
+	if capped {
+		cands = r.leastLoaded(v, cands)
+	}
+	if err := r.lookup(v, pr); err != nil {
+		return -1, 0, err
+	}
+	if i := r.continuation(v, req, pr, cands); i >= 0 {
+		return i, KindContinuation, nil
+	}
+	matched := r.matchedTokens(req, pr, cands)
+	i := r.cheapest(v, cands, req, matched)
+	if matched != nil && pr.matched[i] > 0 {
+		return i, KindPrefix, nil
+	}
+	return i, KindLoad, nil
+}
+
+// continuation finds a candidate holding at least continuation_threshold of the
+// request's blocks (leaving out the first skip_blocks on both sides): the longest
+// match wins, then the lower cost. -1 if none.
+func (r *Router) continuation(v *poolView, req *Request, pr *prompt, cands []int) int {
+	skip := r.cfg.Prefix.SkipBlocks
+	if pr.matched == nil || pr.blocks <= skip {
+		return -1
+	}
+	need := r.cfg.Prefix.ContinuationThreshold * float64(pr.blocks-skip)
+	longest := 0
+	var qualified []int
+	for _, i := range cands {
+		m := pr.matched[i]
+		if m <= skip || float64(m-skip) < need {
+			continue
+		}
+		switch {
+		case m > longest:
+			longest, qualified = m, append(qualified[:0], i)
+		case m == longest:
+			qualified = append(qualified, i)
+		}
+	}
+	if len(qualified) == 0 {
+		return -1
+	}
+	return r.cheapest(v, qualified, req, r.matchedTokens(req, pr, qualified))
+}
+
 // placeConversation is SPEC §4.1–4.2 for a request with an explicit conversation id.
-func (r *Router) placeConversation(v *poolView, req *Request) (int, Kind, error) {
+func (r *Router) placeConversation(v *poolView, req *Request, pr *prompt) (int, Kind, error) {
 	mapped, found, err := r.conv.Lookup(req.Conversation)
 	if err != nil {
 		return -1, 0, err
@@ -273,14 +393,11 @@ func (r *Router) placeConversation(v *poolView, req *Request) (int, Kind, error)
 			if !v.atCap(i) {
 				return i, KindSticky, nil
 			}
-			cands, capped := v.candidates()
-			if capped {
-				cands = r.leastLoaded(v, cands)
-			}
-			return r.cheapest(v, cands, req, nil), KindOverflow, nil
+			i, err := r.scored(v, req, pr)
+			return i, KindOverflow, err
 		}
 	}
-	choice, err := r.firstTurn(v, req)
+	choice, err := r.firstTurn(v, req, pr)
 	if err != nil {
 		return -1, 0, err
 	}
@@ -290,8 +407,20 @@ func (r *Router) placeConversation(v *poolView, req *Request) (int, Kind, error)
 	return choice, KindNewConversation, nil
 }
 
+// scored is the gated cost of SPEC §4.4 over the candidates.
+func (r *Router) scored(v *poolView, req *Request, pr *prompt) (int, error) {
+	cands, capped := v.candidates()
+	if capped {
+		cands = r.leastLoaded(v, cands)
+	}
+	if err := r.lookup(v, pr); err != nil {
+		return -1, err
+	}
+	return r.cheapest(v, cands, req, r.matchedTokens(req, pr, cands)), nil
+}
+
 // firstTurn places a new conversation by conversation.first_turn.
-func (r *Router) firstTurn(v *poolView, req *Request) (int, error) {
+func (r *Router) firstTurn(v *poolView, req *Request, pr *prompt) (int, error) {
 	cands, capped := v.candidates()
 	if capped {
 		cands = r.leastLoaded(v, cands)
@@ -302,7 +431,7 @@ func (r *Router) firstTurn(v *poolView, req *Request) (int, error) {
 	case FirstTurnHash:
 		return rendezvous(v.pool, cands, req.Conversation), nil
 	case FirstTurnScore:
-		return r.cheapest(v, cands, req, nil), nil
+		return r.scored(v, req, pr)
 	default:
 		return r.roundRobin(v.pool, cands)
 	}
