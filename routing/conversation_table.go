@@ -27,13 +27,14 @@ const (
 	conversationFormat       = 1
 )
 
-// NewConversationTable sizes the table for maxSessions entries under namespace.
-func NewConversationTable(s Store, namespace string, maxSessions, retries int) *ConversationTable {
+// NewConversationTable sizes the table of one pool for maxSessions entries under
+// namespace.
+func NewConversationTable(s Store, namespace, pool string, maxSessions, retries int) *ConversationTable {
 	n := (maxSessions + conversationBucketSize - 1) / conversationBucketSize
 	if n < 1 {
 		n = 1
 	}
-	return &ConversationTable{store: s, prefix: namespace + "/conv/", buckets: uint64(n), retries: retries}
+	return &ConversationTable{store: s, prefix: namespace + "/conv/" + pool + "/", buckets: uint64(n), retries: retries}
 }
 
 func (c *ConversationTable) key(fp uint64) string {

@@ -10,7 +10,6 @@ import (
 type Router struct {
 	cfg     *Config
 	now     func() int64 // milliseconds
-	conv    *ConversationTable
 	decode  *poolState
 	prefill *poolState
 
@@ -30,6 +29,7 @@ type poolState struct {
 	health     *HealthBoard
 	cursor     *Cursor
 	index      *PrefixIndex
+	conv       *ConversationTable
 	byID32     map[uint32]int // low 32 bits of a target id → index, as the prefix index keeps them
 }
 
@@ -44,6 +44,7 @@ func NewRouter(cfg *Config, store Store, now func() int64) *Router {
 			health:  NewHealthBoard(store, ns, name, cfg.Health, retries),
 			cursor:  NewCursor(store, ns, name, retries),
 			index:   NewPrefixIndex(store, ns, name, cfg.Prefix.CapacityBlocks, retries),
+			conv:    NewConversationTable(store, ns, name, cfg.Conversation.MaxSessions, retries),
 			byID32:  map[uint32]int{},
 		}
 		for i, t := range ps.targets.Targets {
@@ -57,7 +58,6 @@ func NewRouter(cfg *Config, store Store, now func() int64) *Router {
 	return &Router{
 		cfg:     cfg,
 		now:     now,
-		conv:    NewConversationTable(store, ns, cfg.Conversation.MaxSessions, retries),
 		decode:  newPool("decode", cfg.Pools.Decode),
 		prefill: newPool("prefill", cfg.Pools.Prefill),
 	}
@@ -254,46 +254,100 @@ type prompt struct {
 	matched []int // matched blocks per target index of the pool; nil until looked up
 }
 
-// Decide routes one request to a decode target. rank is a trusted client DP rank, or
-// NoRank. It never fails: when shared state does, it decides without it (SPEC §5.7).
+// Decide routes one request: a decode target and, when disaggregation classifies
+// it so, a prefill target. rank is a trusted client DP rank, or NoRank. It never
+// fails: when shared state does, it decides without it (SPEC §5.7).
 func (r *Router) Decide(req *Request, rank int) Decision {
 	nowMS := r.now()
-	p := r.decode
-	if rank != NoRank && !r.rankExists(p, rank) {
+	if rank != NoRank && !r.rankExists(r.decode, rank) {
 		rank = NoRank
 	}
+	var cps []Checkpoint
+	blocks := 0
+	if r.cfg.Prefix.Enabled && req.BlockBytes > 0 {
+		r.cpBuf, blocks = HashCheckpoints(req.Model, req.Prompt, req.BlockBytes, r.cpBuf)
+		cps = r.cpBuf
+	}
+	pr := &prompt{cps: cps, blocks: blocks}
+	var d Decision
+	c, err := r.choose(r.decode, req, pr, rank, nowMS)
+	if err != nil {
+		d = r.fallback(r.decode, req, rank)
+	} else {
+		d = Decision{Kind: c.kind, Target: c.target, Ticket: c.ticket, Load: c.load, StateFailed: c.stateFailed}
+	}
+	if r.cfg.Disaggregation.Mode == ModeOff {
+		return d
+	}
+	d.PD = PDDirect
+	if !r.disaggregate(req, pr, &d) {
+		return d
+	}
+	pc, err := r.choose(r.prefill, req, &prompt{cps: cps, blocks: blocks}, NoRank, nowMS)
+	if err != nil {
+		// No prefill state: still disaggregate, on a stateless choice.
+		f := r.fallback(r.prefill, req, NoRank)
+		pc = chosen{target: f.Target, stateFailed: true}
+	}
+	d.PD, d.Prefill, d.PrefillTicket = PDDisaggregated, pc.target, pc.ticket
+	d.StateFailed = d.StateFailed || pc.stateFailed
+	return d
+}
+
+// chosen is one pool's outcome of a decision.
+type chosen struct {
+	kind        Kind
+	target      Target
+	ticket      LoadTicket
+	load        LoadChange
+	stateFailed bool // the prefix record or the load update failed
+}
+
+// disaggregate is SPEC §6.1: at least threshold_tokens estimated prompt tokens, and
+// with uncached_only at least that many not already cached on the decode target.
+func (r *Router) disaggregate(req *Request, pr *prompt, d *Decision) bool {
+	threshold := r.cfg.Disaggregation.ThresholdTokens
+	if req.Tokens < threshold {
+		return false
+	}
+	if !r.cfg.Disaggregation.UncachedOnly || threshold == 0 {
+		return true
+	}
+	v := &poolView{pool: r.decode}
+	if err := r.lookup(v, pr); err != nil || pr.matched == nil {
+		return true
+	}
+	cached := min(pr.matched[r.decode.targets.Index(d.Target.ID)]*r.cfg.Prefix.BlockTokens, req.Tokens)
+	return req.Tokens-cached >= threshold
+}
+
+// choose is SPEC §4 over one pool: place the request, record its prefix against the
+// chosen target and add its load. An error means shared state failed before a choice
+// could be made; a failed record or load update is reported in stateFailed.
+func (r *Router) choose(p *poolState, req *Request, pr *prompt, rank int, nowMS int64) (chosen, error) {
 	v, err := r.view(p, rank, nowMS)
 	if err != nil {
-		return r.fallback(p, req, rank)
+		return chosen{}, err
 	}
-	pr := &prompt{}
-	if r.cfg.Prefix.Enabled && req.BlockBytes > 0 {
-		r.cpBuf, pr.blocks = HashCheckpoints(req.Model, req.Prompt, req.BlockBytes, r.cpBuf)
-		pr.cps = r.cpBuf
-	}
-	var d Decision
-	choice := -1
+	var choice int
+	var kind Kind
 	if req.HasConversation && r.cfg.Conversation.Enabled {
-		choice, d.Kind, err = r.placeConversation(v, req, pr)
+		choice, kind, err = r.placeConversation(v, req, pr)
 	} else {
-		choice, d.Kind, err = r.placeByPrefix(v, req, pr)
+		choice, kind, err = r.placeByPrefix(v, req, pr)
 	}
 	if err != nil {
-		return r.fallback(p, req, rank)
+		return chosen{}, err
 	}
-	d.Target = p.targets.Targets[choice]
-	if len(pr.cps) > 0 {
-		if err := p.index.Record(pr.cps, d.Target.ID); err != nil {
-			d.StateFailed = true
-		}
+	c := chosen{kind: kind, target: p.targets.Targets[choice]}
+	if len(pr.cps) > 0 && p.index.Record(pr.cps, c.target.ID) != nil {
+		c.stateFailed = true
 	}
-	ticket, after, err := p.ledger.Acquire(d.Target.ID, int64(req.Tokens), nowMS)
+	c.ticket, c.load, err = p.ledger.Acquire(c.target.ID, int64(req.Tokens), nowMS)
 	if err != nil {
-		d.StateFailed = true
-	} else {
-		d.Ticket, d.Load = ticket, after
+		c.stateFailed = true
 	}
-	return d
+	return c, nil
 }
 
 // lookup fills pr.matched from the pool's prefix index, once.
@@ -384,7 +438,7 @@ func (r *Router) continuation(v *poolView, req *Request, pr *prompt, cands []int
 
 // placeConversation is SPEC §4.1–4.2 for a request with an explicit conversation id.
 func (r *Router) placeConversation(v *poolView, req *Request, pr *prompt) (int, Kind, error) {
-	mapped, found, err := r.conv.Lookup(req.Conversation)
+	mapped, found, err := v.pool.conv.Lookup(req.Conversation)
 	if err != nil {
 		return -1, 0, err
 	}
@@ -401,7 +455,7 @@ func (r *Router) placeConversation(v *poolView, req *Request, pr *prompt) (int, 
 	if err != nil {
 		return -1, 0, err
 	}
-	if err := r.conv.Record(req.Conversation, v.pool.targets.Targets[choice].ID); err != nil {
+	if err := v.pool.conv.Record(req.Conversation, v.pool.targets.Targets[choice].ID); err != nil {
 		return -1, 0, err
 	}
 	return choice, KindNewConversation, nil

@@ -1,0 +1,116 @@
+package routing
+
+import (
+	"fmt"
+	"math/rand"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func pdConfig(t testing.TB, disagg string) *Config {
+	t.Helper()
+	js := `{"pools":{"decode":{"endpoints":[{"address":"10.0.1.1:8000"},{"address":"10.0.1.2:8000"}]},
+		"prefill":{"endpoints":[{"address":"10.0.2.1:8000","dp_size":2},{"address":"10.0.2.2:8000"}]}},
+		"disaggregation":` + disagg + `}`
+	cfg, err := ParseConfig([]byte(js))
+	require.NoError(t, err)
+	return &cfg
+}
+
+func TestThresholdClassification(t *testing.T) {
+	r := NewRouter(pdConfig(t, `{"mode":"vllm","threshold_tokens":100}`), NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	for _, c := range []struct {
+		tokens int
+		want   PDClass
+		header string
+	}{{99, PDDirect, "load;pd=direct"}, {100, PDDisaggregated, "load;pd=disaggregated"}, {5000, PDDisaggregated, "load;pd=disaggregated"}} {
+		d := r.Decide(&Request{Tokens: c.tokens, Identity: uint64(c.tokens)}, NoRank)
+		assert.Equal(t, c.want, d.PD, "%d tokens", c.tokens)
+		assert.Equal(t, c.header, d.Header())
+		if c.want == PDDisaggregated {
+			assert.Contains(t, []string{"10.0.2.1:8000", "10.0.2.2:8000"}, d.Prefill.Address)
+			assert.True(t, d.PrefillTicket.Valid)
+		} else {
+			assert.False(t, d.PrefillTicket.Valid)
+		}
+	}
+	r0 := NewRouter(pdConfig(t, `{"mode":"sidecar","threshold_tokens":0}`), NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	assert.Equal(t, PDDisaggregated, r0.Decide(&Request{Tokens: 0}, NoRank).PD, "threshold 0 disaggregates everything")
+	off := NewRouter(testConfig(t, ""), NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	d := off.Decide(&Request{Tokens: 5000}, NoRank)
+	assert.Equal(t, PDOff, d.PD)
+	assert.Equal(t, "load", d.Header())
+}
+
+func TestUncachedOnlyCountsTokensNotOnTheDecodeTarget(t *testing.T) {
+	r := NewRouter(pdConfig(t, `{"mode":"vllm","threshold_tokens":200,"uncached_only":true}`), NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	rng := rand.New(rand.NewSource(1))
+	history := words(rng, 4000) // 1000 tokens
+	first := r.Decide(textRequest(history, 1), NoRank)
+	assert.Equal(t, PDDisaggregated, first.PD, "nothing cached yet")
+	_, _ = r.Release(first.Ticket)
+	_, _ = r.ReleasePrefill(first.PrefillTicket)
+	// The next turn adds 100 tokens: 1100 in all, but only ~100 not cached on the decoder.
+	d := r.Decide(textRequest(history+words(rng, 400), 2), NoRank)
+	assert.Equal(t, KindContinuation, d.Kind)
+	assert.Equal(t, PDDirect, d.PD)
+	// A long new tail is disaggregated again.
+	d2 := r.Decide(textRequest(history+words(rng, 4000), 3), NoRank)
+	assert.Equal(t, PDDisaggregated, d2.PD)
+}
+
+func TestPrefillIsStickyForConversationsAndHasItsOwnLedger(t *testing.T) {
+	r := NewRouter(pdConfig(t, `{"mode":"vllm","threshold_tokens":10}`), NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	var prefill string
+	var tickets []LoadTicket
+	for turn := 0; turn < 5; turn++ {
+		req := convRequest("pd-conv")
+		req.Tokens = 500
+		d := r.Decide(req, NoRank)
+		require.Equal(t, PDDisaggregated, d.PD)
+		if turn == 0 {
+			prefill = d.Prefill.Address + "#" + d.Prefill.RankText
+		}
+		assert.Equal(t, prefill, d.Prefill.Address+"#"+d.Prefill.RankText, "turn %d", turn)
+		_, _ = r.Release(d.Ticket)
+		// The prefill leg ends before the next turn, except the last one's.
+		for _, tk := range tickets {
+			_, _ = r.ReleasePrefill(tk)
+		}
+		tickets = []LoadTicket{d.PrefillTicket}
+	}
+	loads, err := r.prefill.ledger.Snapshot(1e6)
+	require.NoError(t, err)
+	var n int64
+	for _, l := range loads {
+		n += l.Requests
+	}
+	assert.Equal(t, int64(1), n, "prefill load is kept apart from decode load")
+	for _, tk := range tickets {
+		_, err := r.ReleasePrefill(tk)
+		require.NoError(t, err)
+	}
+	loads, _ = r.prefill.ledger.Snapshot(1e6)
+	assert.Empty(t, loads)
+	dl, _ := r.Loads()
+	assert.Equal(t, Load{}, total(dl))
+}
+
+func TestPrefillSpreadsAcrossThePrefillPool(t *testing.T) {
+	r := NewRouter(pdConfig(t, `{"mode":"sidecar","threshold_tokens":10}`), NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	seen := map[string]int{}
+	var held []Decision
+	for i := 0; i < 30; i++ {
+		d := r.Decide(&Request{Tokens: 100, Identity: uint64(i)}, NoRank)
+		seen[fmt.Sprint(d.Prefill.Address, "#", d.Prefill.Rank)]++
+		held = append(held, d)
+	}
+	// Three prefill targets (10.0.2.1 has two ranks), ten each with load in flight.
+	assert.Equal(t, map[string]int{"10.0.2.1:8000#0": 10, "10.0.2.1:8000#1": 10, "10.0.2.2:8000#0": 10}, seen)
+	for _, d := range held {
+		_, _ = r.Release(d.Ticket)
+		_, _ = r.ReleasePrefill(d.PrefillTicket)
+	}
+}
