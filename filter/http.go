@@ -25,6 +25,11 @@ type httpContext struct {
 
 	healthReported bool
 	released       bool
+
+	body            []byte // the buffered body, kept while an inline prefill runs
+	prefillInFlight bool
+	prefillReleased bool
+	answered        bool // the filter answered the client itself (a prefill's reply)
 }
 
 func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (action types.Action) {
@@ -96,12 +101,15 @@ func (c *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) (action 
 	if err != nil {
 		body = nil
 	}
-	c.decide(body)
+	if c.decide(body) {
+		return types.ActionPause // an inline prefill resumes the request
+	}
 	return types.ActionContinue
 }
 
-// decide extracts what the body tells, asks the router and writes the headers.
-func (c *httpContext) decide(body []byte) {
+// decide extracts what the body tells, asks the router and writes the headers. It
+// returns true when the request must wait for an inline prefill.
+func (c *httpContext) decide(body []byte) (wait bool) {
 	p := c.plugin
 	cfg := &p.cfg
 	c.decided = true
@@ -141,9 +149,15 @@ func (c *httpContext) decide(body []byte) {
 	if d.Target.DPSize > 1 {
 		_ = proxywasm.ReplaceHttpRequestHeader(h.DPRank, d.Target.RankText)
 	}
+	c.body = body
+	wait = c.startPD(body)
 	if h.Decision != "" {
 		_ = proxywasm.ReplaceHttpRequestHeader(h.Decision, d.Header())
 	}
+	if !wait {
+		c.body = nil
+	}
+	return wait
 }
 
 func (c *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) (action types.Action) {
@@ -155,6 +169,10 @@ func (c *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) (a
 	status, _ := proxywasm.GetHttpResponseHeader(":status")
 	code, _ := strconv.Atoi(status)
 	c.reportHealth(c.isFailureStatus(code) || upstreamFailed())
+	if c.plugin.cfg.Disaggregation.Mode == routing.ModeSidecar {
+		// The sidecar's prefill and KV transfer are over once the decoder answers.
+		c.releasePrefill()
+	}
 	return types.ActionContinue
 }
 
@@ -169,8 +187,8 @@ func (c *httpContext) isFailureStatus(code int) bool {
 
 // reportHealth tells the health board how the target that served did, once.
 func (c *httpContext) reportHealth(failed bool) {
-	if c.healthReported {
-		return
+	if c.healthReported || c.prefillInFlight || c.answered {
+		return // a local reply while the prefill runs is not the decoder's doing
 	}
 	c.healthReported = true
 	ejected, err := c.plugin.router.ReportHealth(c.decision.Target, false, failed)
@@ -193,6 +211,7 @@ func (c *httpContext) OnHttpStreamDone() {
 		c.reportHealth(true)
 	}
 	c.release()
+	c.releasePrefill() // a client that left while the prefill ran
 }
 
 // release hands the request's load back, exactly once.
