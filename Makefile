@@ -1,4 +1,4 @@
-# kvroute — build, test and demo. Every target works on a fresh machine with Go >= 1.24.
+# kvroute — build, test and demo. Every target works on a fresh machine with Go >= 1.25.
 GO        ?= go
 WASM      := build/kvroute.wasm
 WASM_SRC  := $(shell find filter routing -name '*.go' -not -name '*_test.go') go.mod go.sum

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+)
+
+// Header names kvroute writes by default (SPEC §7). The replay config must keep them.
+const (
+	headerDestination = "x-gateway-destination-endpoint"
+	headerDPRank      = "x-data-parallel-rank"
+	headerDecision    = "x-kvroute-decision"
+)
+
+// decisionKinds are kvroute's decision counters (SPEC §9), in report order.
+var decisionKinds = []string{"sticky", "overflow", "new_conversation", "continuation", "prefix", "load", "fallback"}
+
+// kvrouteWasm drives the compiled filter in the proxy-wasm SDK host emulator as one
+// more policy: a request goes in as headers and a body, the choice comes out as the
+// destination and rank headers; a completion is a 200 response and the end of the
+// stream. Only one host emulator may exist in a process at a time: Close it.
+type kvrouteWasm struct {
+	vm      proxytest.WasmVMContext
+	host    proxytest.HostEmulator
+	reset   func()
+	targets map[string]int // "address#rank" → target index
+	dpSize  int
+	context map[int]uint32 // request index → http context id
+	err     error          // the first routing failure, reported by Replay's caller
+	kinds   []string       // decision header per request index
+}
+
+// newKVRouteWasm loads the compiled filter and starts it with config.
+func newKVRouteWasm(wasm []byte, config []byte, cfg FleetConfig) (*kvrouteWasm, error) {
+	vm, err := proxytest.NewWasmVMContext(wasm)
+	if err != nil {
+		return nil, fmt.Errorf("loading the wasm module: %v", err)
+	}
+	// The emulator logs every host call through the std logger.
+	log.SetOutput(io.Discard)
+	host, reset := proxytest.NewHostEmulator(proxytest.NewEmulatorOption().
+		WithVMContext(vm).WithPluginConfiguration(config))
+	p := &kvrouteWasm{vm: vm, host: host, reset: reset, targets: map[string]int{}, dpSize: cfg.DPSize,
+		context: map[int]uint32{}}
+	if host.StartVM() != types.OnVMStartStatusOK || host.StartPlugin() != types.OnPluginStartStatusOK {
+		crit := host.GetCriticalLogs()
+		p.Close()
+		return nil, fmt.Errorf("the plugin refused the config: %s", strings.Join(crit, "; "))
+	}
+	for t := 0; t < cfg.Targets(); t++ {
+		p.targets[cfg.TargetName(t)] = t
+	}
+	return p, nil
+}
+
+// Close releases the emulator (and its global lock) and the VM.
+func (p *kvrouteWasm) Close() {
+	if p.reset != nil {
+		p.reset()
+		p.reset = nil
+	}
+	if p.vm != nil {
+		_ = p.vm.Close()
+		p.vm = nil
+	}
+	log.SetOutput(os.Stderr)
+}
+
+func (p *kvrouteWasm) Name() string { return "kvroute (wasm)" }
+
+func (p *kvrouteWasm) Choose(r *Request, f *Fleet) int {
+	body := r.Body()
+	headers := [][2]string{
+		{":method", "POST"}, {":path", r.Path}, {":authority", "replay"},
+		{"content-type", "application/json"}, {"content-length", strconv.Itoa(len(body))},
+		{"x-request-id", "replay-" + strconv.Itoa(r.Index)},
+	}
+	headers = append(headers, r.Headers...)
+	id := p.host.InitializeHttpContext()
+	p.context[r.Index] = id
+	if p.host.CallOnRequestHeaders(id, headers, false) == types.ActionPause {
+		p.host.CallOnRequestBody(id, body, true)
+	}
+	var dest, rank, kind string
+	for _, kv := range p.host.GetCurrentRequestHeaders(id) {
+		switch kv[0] {
+		case headerDestination:
+			dest = kv[1]
+		case headerDPRank:
+			rank = kv[1]
+		case headerDecision:
+			kind = kv[1]
+		}
+	}
+	for len(p.kinds) <= r.Index {
+		p.kinds = append(p.kinds, "")
+	}
+	p.kinds[r.Index] = kind
+	if rank == "" {
+		rank = "0"
+	}
+	t, ok := p.targets[dest+"#"+rank]
+	if !ok {
+		if p.err == nil {
+			p.err = fmt.Errorf("request %d: kvroute chose %q rank %q, not a fleet target", r.Index, dest, rank)
+		}
+		return 0
+	}
+	return t
+}
+
+// Done is the response: status 200, then the end of the stream, which releases the
+// request's load in the filter's ledger.
+func (p *kvrouteWasm) Done(r *Request, _ int) {
+	id, ok := p.context[r.Index]
+	if !ok {
+		return
+	}
+	delete(p.context, r.Index)
+	p.host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+	p.host.CompleteHttpContext(id)
+}
+
+// Decisions reads the filter's decision counters.
+func (p *kvrouteWasm) Decisions() []Count {
+	var out []Count
+	for _, k := range decisionKinds {
+		n, _ := p.host.GetCounterMetric("kvroute_decision_" + k)
+		out = append(out, Count{strings.ReplaceAll(k, "_", "-"), n})
+	}
+	return out
+}
+
+// Counter reads one of the filter's counters (0 if it is not defined).
+func (p *kvrouteWasm) Counter(name string) uint64 {
+	n, _ := p.host.GetCounterMetric(name)
+	return n
+}
+
+// Gauge reads one of the filter's gauges (0 if it is not defined).
+func (p *kvrouteWasm) Gauge(name string) uint64 {
+	n, _ := p.host.GetGaugeMetric(name)
+	return n
+}
+
+// PDSplit is the P/D classification the filter counted.
+func (p *kvrouteWasm) PDSplit() string {
+	dis, dir := p.Counter("kvroute_pd_disaggregated"), p.Counter("kvroute_pd_direct")
+	if dis+dir == 0 {
+		return "off"
+	}
+	return fmt.Sprintf("%d disagg / %d direct", dis, dir)
+}
+
+// replayConfig reads the kvroute config for the replay and sets its decode pool to
+// the fleet: endpoints 10.0.0.1:8000 … with dp_size ranks each. Everything else in
+// the file is kept as written.
+func replayConfig(path string, cfg FleetConfig) ([]byte, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	pools, _ := doc["pools"].(map[string]any)
+	if pools == nil {
+		pools = map[string]any{}
+		doc["pools"] = pools
+	}
+	var eps []any
+	for e := 0; e < cfg.Endpoints; e++ {
+		eps = append(eps, map[string]any{"address": cfg.Address(e), "dp_size": cfg.DPSize})
+	}
+	pools["decode"] = map[string]any{"endpoints": eps}
+	if h, ok := doc["headers"].(map[string]any); ok {
+		for key, want := range map[string]string{"destination": headerDestination, "dp_rank": headerDPRank, "decision": headerDecision} {
+			if v, ok := h[key]; ok && v != want {
+				return nil, fmt.Errorf("%s: headers.%s must stay %q for the replay", path, key, want)
+			}
+		}
+	}
+	return json.Marshal(doc)
+}

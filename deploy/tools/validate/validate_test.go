@@ -1,0 +1,231 @@
+package validate
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+
+	"github.com/kvroute/kvroute/routing"
+)
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := RepoRoot(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// TestShippedFiles validates every YAML file under deploy/ and istio/: Envoy bootstraps
+// against Envoy's API and kvroute's needs, Istio/Kubernetes/Gateway API objects against
+// their APIs, every kustomization rendered and checked as a set, every embedded plugin
+// configuration through routing.ParseConfig.
+func TestShippedFiles(t *testing.T) {
+	root := repoRoot(t)
+	res, err := CheckTree(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d files, %d documents, %d bootstraps, %d kustomizations", len(res.Files), res.Docs, len(res.Bootstraps), len(res.Kustomizations))
+
+	// The shipped set is what the README promises: three bootstraps, the Istio base and
+	// two examples.
+	for _, f := range []string{"deploy/envoy/override-host.yaml", "deploy/envoy/original-dst.yaml", "deploy/envoy/pd.yaml"} {
+		if len(res.Bootstraps[filepath.Join(root, f)]) != 1 {
+			t.Errorf("%s: want one kvroute plugin configuration, got %d", f, len(res.Bootstraps[filepath.Join(root, f)]))
+		}
+	}
+	for _, d := range []string{"istio/base", "istio/examples/vllm-dp", "istio/examples/pd"} {
+		if len(res.Kustomizations[filepath.Join(root, d)]) != 1 {
+			t.Errorf("%s: want one rendered WasmPlugin, got %d", d, len(res.Kustomizations[filepath.Join(root, d)]))
+		}
+	}
+	pd := res.Bootstraps[filepath.Join(root, "deploy/envoy/pd.yaml")]
+	if len(pd) == 1 && (pd[0].Disaggregation.Mode != routing.ModeVLLM || !pd[0].EngineMetrics.Enabled ||
+		pd[0].Disaggregation.PrefillCluster != "kvroute_prefill" || pd[0].EngineMetrics.Cluster != "kvroute_metrics") {
+		t.Errorf("pd.yaml: want inline vllm P/D through kvroute_prefill and engine metrics through kvroute_metrics, got %+v %+v",
+			pd[0].Disaggregation, pd[0].EngineMetrics)
+	}
+	dp := res.Kustomizations[filepath.Join(root, "istio/examples/vllm-dp")]
+	if len(dp) == 1 && (len(dp[0].Pools.Decode.Endpoints) != 2 || dp[0].Pools.Decode.Endpoints[0].DPSize != 2) {
+		t.Errorf("vllm-dp: the patch must give two endpoints with dp_size 2, got %+v", dp[0].Pools.Decode)
+	}
+	ipd := res.Kustomizations[filepath.Join(root, "istio/examples/pd")]
+	if len(ipd) == 1 && (ipd[0].Disaggregation.Mode != routing.ModeVLLM || len(ipd[0].Pools.Prefill.Endpoints) == 0) {
+		t.Errorf("istio pd: want inline vllm P/D with a prefill pool, got %+v", ipd[0].Disaggregation)
+	}
+}
+
+// mutated checks a shipped file after a textual change, which must make the check fail
+// with an error containing want.
+func mutated(t *testing.T, rel, old, new, want string) {
+	t.Helper()
+	root := repoRoot(t)
+	data, err := os.ReadFile(filepath.Join(root, rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), old) {
+		t.Fatalf("%s does not contain %q", rel, old)
+	}
+	dir := t.TempDir()
+	p := filepath.Join(dir, filepath.Base(rel))
+	if err := os.WriteFile(p, []byte(strings.Replace(string(data), old, new, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = CheckFile(p)
+	if err == nil {
+		t.Fatalf("%s with %q → %q: accepted, want an error containing %q", rel, old, new, want)
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("%s with %q → %q: error %q does not contain %q", rel, old, new, err, want)
+	}
+}
+
+// The validation refuses what Envoy, Istio or kvroute would refuse, and what would
+// make the deployment unsafe. Each case changes one thing in a shipped file.
+func TestBootstrapRefusals(t *testing.T) {
+	const oh = "deploy/envoy/override-host.yaml"
+	const od = "deploy/envoy/original-dst.yaml"
+	const pd = "deploy/envoy/pd.yaml"
+	cases := []struct{ name, file, old, new, want string }{
+		{"unknown top-level field", oh, "static_resources:", "stats_flush_interval_typo: 5s\nstatic_resources:", "unknown field"},
+		{"unknown field inside an Any", oh, "override_host_sources:", "override_host_source:", "unknown field"},
+		{"unregistered Any type", oh, "least_request.v3.LeastRequest", "least_request.v3.LeastRequestTypo", "LeastRequestTypo"},
+		{"ValidateAll inside an Any", oh, "            override_host_sources:\n            - header: x-gateway-destination-endpoint\n",
+			"            override_host_sources: []\n", "OverrideHostSources"},
+		{"wrong type", oh, "connect_timeout: 5s", "connect_timeout: five", "Duration"},
+		{"duplicate key", oh, "    type: STATIC\n", "    type: STATIC\n    type: STRICT_DNS\n", "already set"},
+		{"plugin config unknown field", oh, `"max_body_bytes": 8388608,`, `"max_body_byte": 8388608,`, "max_body_byte"},
+		{"plugin config out of range", oh, `"dp_size": 2`, `"dp_size": 0`, "dp_size"},
+		{"fail closed", oh, "fail_open: true", "fail_open: false", "fail open"},
+		{"owned header not stripped early", oh, "              - remove: x-data-parallel-rank\n", "", `"x-data-parallel-rank"`},
+		{"override_host reads another header", oh, "- header: x-gateway-destination-endpoint", "- header: x-other", "override_host reads"},
+		{"endpoint not in the cluster", oh, "port_value: 8002}", "port_value: 8003}", "127.0.0.1:8002 is not one of its hosts"},
+		{"buffer below max_body_bytes", oh, "    per_connection_buffer_limit_bytes: 16777216\n    filter_chains:", "    per_connection_buffer_limit_bytes: 1048576\n    filter_chains:", "must exceed max_body_bytes"},
+		{"no buffer limit (Envoy's 1 MiB)", oh, "    per_connection_buffer_limit_bytes: 16777216\n    filter_chains:", "    filter_chains:", "must exceed max_body_bytes"},
+		{"default route timeout", oh, "                  timeout: 0s\n", "", "route timeout"},
+		{"stats tag regex that misses", oh, `regex: '^wasmcustom\.kvroute_target_active_requests\.[^.]+(\.rank_([0-9]+))$'`, `regex: '^kvroute_target_active_requests\.[^.]+(\.rank_([0-9]+))$'`, "want wasmcustom.kvroute_target_active_requests"},
+		{"DNS name endpoint", oh, `{"address": "127.0.0.1:8002", "dp_size": 1}`, `{"address": "worker-2.local:8002", "dp_size": 1}`, "only IP:port"},
+		{"router not last", oh, "          - name: envoy.filters.http.wasm\n", "          - name: envoy.filters.http.router\n            typed_config:\n              \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router\n          - name: envoy.filters.http.wasm\n", "router must be the last"},
+		{"admin exposed", oh, "socket_address: {address: 127.0.0.1, port_value: 9901}", "socket_address: {address: 0.0.0.0, port_value: 9901}", "admin listens"},
+		{"ORIGINAL_DST reachable without the header", od, "                  - name: x-gateway-destination-endpoint\n                    present_match: true\n", "                  - name: x-anything\n                    present_match: true\n", "must require the x-gateway-destination-endpoint header"},
+		{"ORIGINAL_DST reads another header", od, "      http_header_name: x-gateway-destination-endpoint", "      http_header_name: x-envoy-original-dst-host", "ORIGINAL_DST reads header"},
+		{"prefill cluster missing", pd, `"prefill_cluster": "kvroute_prefill"`, `"prefill_cluster": "kvroute_prefill2"`, `prefill_cluster "kvroute_prefill2" does not exist`},
+		{"metrics cluster missing", pd, `"cluster": "kvroute_metrics"`, `"cluster": "metrics"`, `engine_metrics.cluster "metrics" does not exist`},
+		{"metrics cluster routed", pd, "                  cluster: kvroute_decode\n", "                  cluster: kvroute_metrics\n", "reachable from a route"},
+		{"prefill endpoint not in the prefill cluster", pd, `"prefill": {"endpoints": [{"address": "127.0.0.1:8001"`, `"prefill": {"endpoints": [{"address": "127.0.0.1:8009"`, "127.0.0.1:8009 is not one of its hosts"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { mutated(t, c.file, c.old, c.new, c.want) })
+	}
+}
+
+func TestIstioRefusals(t *testing.T) {
+	const wp = "istio/base/wasmplugin.yaml"
+	const ef = "istio/base/envoyfilter.yaml"
+	cases := []struct{ name, file, old, new, want string }{
+		{"unknown spec field", wp, "  imagePullPolicy: IfNotPresent", "  imagePullPolicy: IfNotPresent\n  pullPolicy: Always", "unknown field"},
+		{"snake_case field name", wp, "  failStrategy: FAIL_OPEN", "  fail_strategy: FAIL_OPEN", `write it "failStrategy"`},
+		{"bad enum", wp, "  phase: STATS", "  phase: LATE", "phase"},
+		{"unknown metadata field", wp, "  namespace: llm", "  namespace: llm\n  labelz: {}", "labelz"},
+		{"unknown top-level field", wp, "spec:", "status: {}\nspec:", `unknown top-level field "status"`},
+		{"envoy field typo in a patch", ef, "        per_connection_buffer_limit_bytes: 16777216\n        load_balancing_policy:", "        per_connection_buffer_limit_byte: 16777216\n        load_balancing_policy:", "unknown field"},
+		{"unregistered Any in a patch", ef, "header_mutation.v3.HeaderMutation", "header_mutation.v3.HeaderMutations", "HeaderMutations"},
+		{"unknown field in a nested Any of a MERGE", ef, "                - header: x-gateway-destination-endpoint\n                fallback_policy:", "                - header: x-gateway-destination-endpoint\n                fallback_policy_x:", "unknown field"},
+		{"required field in an Any of a CLUSTER MERGE", ef, "                - header: x-gateway-destination-endpoint\n                fallback_policy:\n                  policies:\n                  - typed_extension_config:\n                      name: envoy.load_balancing_policies.least_request\n                      typed_config:\n                        \"@type\": type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest\n", "                - header: x-gateway-destination-endpoint\n", "FallbackPolicy"},
+		{"invalid value in an Any two levels into a NETWORK_FILTER MERGE", ef, "              - remove: x-kvroute-decision", "              - remove: \"x-kvroute\\ndecision\"", "HeaderMutation"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { mutated(t, c.file, c.old, c.new, c.want) })
+	}
+}
+
+// renderMutated copies the istio/ tree, changes one file and renders a kustomization
+// of the copy, which must fail with want.
+func renderMutated(t *testing.T, kdir, rel, old, new, want string) {
+	t.Helper()
+	root := repoRoot(t)
+	dst := filepath.Join(t.TempDir(), "istio")
+	if err := os.CopyFS(dst, os.DirFS(filepath.Join(root, "istio"))); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dst, rel)
+	data, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), old) {
+		t.Fatalf("%s does not contain %q", rel, old)
+	}
+	if err := os.WriteFile(p, []byte(strings.Replace(string(data), old, new, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = Render(filepath.Join(dst, kdir))
+	if err == nil {
+		t.Fatalf("%s with %q → %q: accepted, want an error containing %q", rel, old, new, want)
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("%s with %q → %q: error %q does not contain %q", rel, old, new, err, want)
+	}
+}
+
+func TestIstioSetRefusals(t *testing.T) {
+	cases := []struct{ name, kdir, file, old, new, want string }{
+		{"fail closed", "base", "base/wasmplugin.yaml", "failStrategy: FAIL_OPEN", "failStrategy: FAIL_CLOSE", "failStrategy must be FAIL_OPEN"},
+		{"plugin config refused", "base", "base/wasmplugin.yaml", "first_turn: round_robin", "first_turn: sticky", "conversation.first_turn"},
+		{"pod DNS name", "examples/vllm-dp", "examples/vllm-dp/wasmplugin-patch.yaml", `"10.0.0.11:8000"`, `"vllm-0.vllm:8000"`, "only IP:port"},
+		{"routed service without override_host", "examples/vllm-dp", "base/envoyfilter.yaml", "service: vllm.llm.svc.cluster.local", "service: other.llm.svc.cluster.local", "no EnvoyFilter sets override_host on the cluster of vllm.llm.svc.cluster.local:8000"},
+		{"owned header not stripped", "base", "base/envoyfilter.yaml", "              - remove: x-kvroute-decision\n", "", `"x-kvroute-decision"`},
+		{"listener buffer", "base", "base/envoyfilter.yaml", "      value:\n        per_connection_buffer_limit_bytes: 16777216\n  - applyTo: NETWORK_FILTER", "      value:\n        per_connection_buffer_limit_bytes: 1048576\n  - applyTo: NETWORK_FILTER", "listeners' per_connection_buffer_limit_bytes"},
+		{"prefill cluster not an Istio cluster", "examples/pd", "examples/pd/wasmplugin-patch.yaml", `prefill_cluster: "outbound|8000||vllm-prefill.llm.svc.cluster.local"`, `prefill_cluster: kvroute_prefill`, "outbound|<port>||<host>"},
+		{"prefill cluster without override_host", "examples/pd", "examples/pd/envoyfilter-prefill.yaml", "service: vllm-prefill.llm.svc.cluster.local", "service: vllm-x.llm.svc.cluster.local", "cluster of vllm-prefill.llm.svc.cluster.local:8000"},
+		{"prefill service missing", "examples/pd", "examples/pd/vllm-pd.yaml", "  name: vllm-prefill\n  namespace: llm\n  labels:\n    app: vllm-prefill\nspec:\n  selector:", "  name: vllm-prefill-svc\n  namespace: llm\n  labels:\n    app: vllm-prefill\nspec:\n  selector:", "no Service vllm-prefill.llm with port 8000"},
+		{"plugin on a different gateway than the EnvoyFilter", "base", "base/wasmplugin.yaml", "    name: kvroute-gateway", "    name: other-gateway", "no EnvoyFilter"},
+		{"k8s unknown field", "examples/vllm-dp", "examples/vllm-dp/vllm.yaml", "  replicas: 2", "  replicas: 2\n  replica: 2", "unknown field"},
+		{"gateway api unknown field", "examples/vllm-dp", "examples/vllm-dp/gateway.yaml", "    timeouts:\n      request: \"0s\"", "    timeouts:\n      requests: \"0s\"", "unknown field"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { renderMutated(t, c.kdir, c.file, c.old, c.new, c.want) })
+	}
+}
+
+func TestExtractTags(t *testing.T) {
+	root := repoRoot(t)
+	data, err := os.ReadFile(filepath.Join(root, "deploy/envoy/override-host.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := SplitDocs("override-host.yaml", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs, err := CheckBootstrap(docs[0].Source, docs[0].JSON)
+	if err != nil || len(cfgs) != 1 {
+		t.Fatal(err)
+	}
+	// A wider fleet than the shipped one: IPv6, DNS-like names, two-digit ranks.
+	cfg := cfgs[0]
+	cfg.Pools.Decode.Endpoints = []routing.Endpoint{{Address: "[2001:db8::1]:8000", DPSize: 12}, {Address: "10.1.2.3:65535", DPSize: 1}}
+	b := loadBootstrap(t, docs[0].JSON)
+	if err := CheckStatsTags(b.GetStatsConfig().GetStatsTags(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	name, tags, err := ExtractTags("wasmcustom.kvroute_target_active_requests.10_1_2_3_65535.rank_0", b.GetStatsConfig().GetStatsTags())
+	if err != nil || name != "wasmcustom.kvroute_target_active_requests" || tags["kvroute_endpoint"] != "10_1_2_3_65535" || tags["kvroute_rank"] != "0" {
+		t.Fatalf("got %q %v %v", name, tags, err)
+	}
+}
+
+func loadBootstrap(t *testing.T, js []byte) *bootstrapv3.Bootstrap {
+	t.Helper()
+	b := &bootstrapv3.Bootstrap{}
+	if err := UnmarshalEnvoy(js, b, 0); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
