@@ -37,18 +37,43 @@ func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (ac
 	defer c.recoverFailOpen("request headers", &action)
 	p := c.plugin
 	cfg := &p.cfg
-	if cfg.TrustClientDPRank {
-		if v, err := proxywasm.GetHttpRequestHeader(cfg.Headers.DPRank); err == nil {
-			if r, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && r >= 0 {
-				c.clientRank = r
+	// One host call reads every header; each is looked at once, here.
+	headers, _ := proxywasm.GetHttpRequestHeaders()
+	var method, path, conversation, contentLength string
+	convRank := len(cfg.Conversation.Headers)
+	var stripped uint32 // bit i: owned header i was sent and is removed
+	for _, kv := range headers {
+		name, value := kv[0], kv[1]
+		switch name {
+		case ":method":
+			method = value
+		case ":path":
+			path = value
+		case "x-request-id":
+			c.requestID = value
+		case "content-length":
+			contentLength = value
+		}
+		for i, owned := range p.owned {
+			if name == owned && stripped&(1<<i) == 0 {
+				stripped |= 1 << i
+				if name == cfg.Headers.DPRank && cfg.TrustClientDPRank {
+					if r, err := strconv.Atoi(strings.TrimSpace(value)); err == nil && r >= 0 {
+						c.clientRank = r
+					}
+				}
+				_ = proxywasm.RemoveHttpRequestHeader(name)
+			}
+		}
+		if cfg.Conversation.Enabled && value != "" {
+			for i, h := range cfg.Conversation.Headers[:convRank] {
+				if name == h {
+					conversation, convRank = value, i // first configured header wins
+					break
+				}
 			}
 		}
 	}
-	for _, name := range p.owned {
-		_ = proxywasm.RemoveHttpRequestHeader(name)
-	}
-	method, _ := proxywasm.GetHttpRequestHeader(":method")
-	path, _ := proxywasm.GetHttpRequestHeader(":path")
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
 	}
@@ -57,25 +82,17 @@ func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (ac
 		return types.ActionContinue
 	}
 	c.routed, c.api = true, api
-	if cfg.Conversation.Enabled {
-		for _, h := range cfg.Conversation.Headers {
-			if v, err := proxywasm.GetHttpRequestHeader(h); err == nil && v != "" {
-				c.req.Conversation, c.req.HasConversation = routing.FingerprintString(v), true
-				break
-			}
-		}
+	if conversation != "" {
+		c.req.Conversation, c.req.HasConversation = routing.FingerprintString(conversation), true
 	}
-	c.requestID, _ = proxywasm.GetHttpRequestHeader("x-request-id")
 	if endOfStream {
 		c.decide(nil)
 		return types.ActionContinue
 	}
-	if cl, err := proxywasm.GetHttpRequestHeader("content-length"); err == nil {
-		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n > cfg.MaxBodyBytes {
-			c.req.Tokens = int(n / int64(cfg.CharsPerToken))
-			c.decide(nil)
-			return types.ActionContinue
-		}
+	if n, err := strconv.ParseInt(contentLength, 10, 64); err == nil && n > cfg.MaxBodyBytes {
+		c.req.Tokens = int(n / int64(cfg.CharsPerToken))
+		c.decide(nil)
+		return types.ActionContinue
 	}
 	// Hold the headers until the body is in: the decision needs it.
 	return types.ActionPause
@@ -141,8 +158,7 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 		m.stateConflicts.Increment(1)
 	}
 	if d.Ticket.Valid {
-		m.setTargetLoad(d.Target.ID, d.Load.Target)
-		setGauge(m.activeRequests, d.Load.TotalRequests)
+		m.addActive(d.Target.ID, 1)
 	}
 	h := &cfg.Headers
 	_ = proxywasm.ReplaceHttpRequestHeader(h.Destination, d.Target.Address)
@@ -168,7 +184,9 @@ func (c *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) (a
 	}
 	status, _ := proxywasm.GetHttpResponseHeader(":status")
 	code, _ := strconv.Atoi(status)
-	c.reportHealth(c.isFailureStatus(code) || upstreamFailed())
+	// Envoy's flags are worth a host call only on a 5xx: an upstream failure it
+	// answers locally (a reset, a refused connection) shows as one.
+	c.reportHealth(c.isFailureStatus(code) || code >= 500 && upstreamFailed())
 	if c.plugin.cfg.Disaggregation.Mode == routing.ModeSidecar {
 		// The sidecar's prefill and KV transfer are over once the decoder answers.
 		c.releasePrefill()
@@ -223,13 +241,11 @@ func (c *httpContext) release() {
 	if !c.decision.Ticket.Valid {
 		return
 	}
-	change, err := c.plugin.router.Release(c.decision.Ticket)
-	if err != nil {
+	if _, err := c.plugin.router.Release(c.decision.Ticket); err != nil {
 		c.plugin.metrics.stateConflicts.Increment(1)
 		return
 	}
-	c.plugin.metrics.setTargetLoad(c.decision.Target.ID, change.Target)
-	setGauge(c.plugin.metrics.activeRequests, change.TotalRequests)
+	c.plugin.metrics.addActive(c.decision.Target.ID, -1)
 }
 
 // recoverFailOpen turns a panic in a callback into a counted fail-open: the request

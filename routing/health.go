@@ -5,13 +5,25 @@ import "encoding/binary"
 // HealthBoard keeps passive health per endpoint of a pool in one shared-data key:
 // consecutive failures and, once they reach the threshold, the time the endpoint's
 // ejection ends. A success clears the count.
+//
+// Health changes rarely, so each VM reads the key at most once per healthCacheMS and
+// otherwise answers from its last read (and its own reports): an ejection made by
+// another VM is seen within that time, one made by this VM at once. A success on an
+// endpoint the VM knows to be clean writes nothing.
 type HealthBoard struct {
 	store     Store
 	key       string
 	retries   int
 	threshold int
 	cooldown  int64
+
+	cached   []healthEntry
+	cachedAt int64
+	fresh    bool
 }
+
+// healthCacheMS bounds how stale a VM's view of other VMs' health reports may be.
+const healthCacheMS = 250
 
 const (
 	healthFormat     = 1
@@ -60,17 +72,28 @@ func encodeHealth(entries []healthEntry) []byte {
 	return out
 }
 
+// entries returns the board as this VM knows it, reading it when the copy is old.
+func (h *HealthBoard) entries(nowMS int64) ([]healthEntry, error) {
+	if h.fresh && nowMS-h.cachedAt < healthCacheMS && nowMS >= h.cachedAt {
+		return h.cached, nil
+	}
+	v, _, err := h.store.Get(h.key)
+	if err != nil && err != ErrNotFound {
+		h.fresh = false
+		return nil, err
+	}
+	h.cached, h.cachedAt, h.fresh = decodeHealth(v), nowMS, true
+	return h.cached, nil
+}
+
 // Ejected returns the fingerprints of endpoints ejected at nowMS.
 func (h *HealthBoard) Ejected(nowMS int64) (map[uint64]bool, error) {
-	v, _, err := h.store.Get(h.key)
-	if err == ErrNotFound {
-		return nil, nil
-	}
+	entries, err := h.entries(nowMS)
 	if err != nil {
 		return nil, err
 	}
 	var out map[uint64]bool
-	for _, e := range decodeHealth(v) {
+	for _, e := range entries {
 		if e.ejectedUntil > nowMS {
 			if out == nil {
 				out = map[uint64]bool{}
@@ -81,11 +104,29 @@ func (h *HealthBoard) Ejected(nowMS int64) (map[uint64]bool, error) {
 	return out, nil
 }
 
+// knownClean says this VM's recent copy of the board has no record of endpoint.
+func (h *HealthBoard) knownClean(endpoint uint64, nowMS int64) bool {
+	entries, err := h.entries(nowMS)
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		if e.endpoint == endpoint {
+			return false
+		}
+	}
+	return true
+}
+
 // Report records one response of endpoint. It returns true when this failure ejected
 // the endpoint (so the caller counts one ejection, once).
 func (h *HealthBoard) Report(endpoint uint64, failed bool, nowMS int64) (ejected bool, err error) {
+	if !failed && h.knownClean(endpoint, nowMS) {
+		return false, nil
+	}
+	var written []healthEntry
 	err = update(h.store, h.key, h.retries, func(old []byte) ([]byte, bool) {
-		ejected = false
+		ejected, written = false, nil
 		entries := decodeHealth(old)
 		i := 0
 		for ; i < len(entries) && entries[i].endpoint != endpoint; i++ {
@@ -105,18 +146,25 @@ func (h *HealthBoard) Report(endpoint uint64, failed bool, nowMS int64) (ejected
 			if e.ejectedUntil <= nowMS {
 				e.ejectedUntil = 0
 			}
-			return encodeHealth(entries), true
+		} else {
+			if e.ejectedUntil > nowMS {
+				return nil, false // already out; late failures of in-flight requests don't extend it
+			}
+			e.failures++
+			if int(e.failures) >= h.threshold {
+				e.failures = 0
+				e.ejectedUntil = nowMS + h.cooldown
+				ejected = true
+			}
 		}
-		if e.ejectedUntil > nowMS {
-			return nil, false // already out; late failures of in-flight requests don't extend it
-		}
-		e.failures++
-		if int(e.failures) >= h.threshold {
-			e.failures = 0
-			e.ejectedUntil = nowMS + h.cooldown
-			ejected = true
-		}
-		return encodeHealth(entries), true
+		next := encodeHealth(entries)
+		written = decodeHealth(next)
+		return next, true
 	})
+	if err == nil && written != nil {
+		h.cached, h.cachedAt, h.fresh = written, nowMS, true
+	} else {
+		h.fresh = false // read it again next time
+	}
 	return ejected, err
 }

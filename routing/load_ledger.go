@@ -10,11 +10,19 @@ import (
 // adds to the slot of its start time and its release takes from that same slot, and
 // slots older than the lease are dropped. So a completion that never arrives (a VM
 // restart, a lost stream) stops counting after lease_ms, give or take one slot.
+//
+// The ledger remembers the value and CAS token of its last read, and tries the next
+// update against them before reading again: a decision reads the ledger anyway, so
+// its update is then a single write. (After a write the token is unknown — Envoy's
+// tokens come from one counter for all keys — so the next update reads first.)
 type LoadLedger struct {
 	store   Store
 	key     string
 	retries int
 	slotMS  int64
+
+	cached    []byte // the value last read or written, with its CAS token
+	cachedCAS uint32
 }
 
 const (
@@ -39,6 +47,13 @@ type LoadTicket struct {
 	Valid  bool
 }
 
+// LoadChange is what a ledger change leaves behind: the target's load and the pool's
+// active requests.
+type LoadChange struct {
+	Target        Load
+	TotalRequests int64
+}
+
 // NewLoadLedger returns the ledger of one pool.
 func NewLoadLedger(s Store, namespace, pool string, leaseMS int64, retries int) *LoadLedger {
 	slot := leaseMS / ledgerSlots
@@ -55,25 +70,38 @@ type ledgerSlot struct {
 	tokens   int64
 }
 
-// ledgerRecord is the decoded ledger: per target id, its live slots.
-type ledgerRecord map[uint64][]ledgerSlot
+// ledgerEntry is one target's live slots.
+type ledgerEntry struct {
+	target uint64
+	slots  []ledgerSlot
+}
+
+func (e *ledgerEntry) load() Load {
+	var l Load
+	for _, s := range e.slots {
+		l.Requests += s.requests
+		l.Tokens += s.tokens
+	}
+	return l
+}
 
 func (l *LoadLedger) oldestLiveEpoch(nowMS int64) int64 { return nowMS/l.slotMS - ledgerSlots }
 
-func decodeLedger(v []byte, oldest int64) ledgerRecord {
-	rec := ledgerRecord{}
+// decodeLedger reads the live slots of every target; a value of another format (or a
+// torn one) reads as empty, so the ledger starts afresh.
+func decodeLedger(v []byte, oldest int64) []ledgerEntry {
 	if len(v) < 1 || v[0] != ledgerFormat {
-		return rec
+		return nil
 	}
 	v = v[1:]
+	var out []ledgerEntry
 	for len(v) >= ledgerTargetHeader {
-		id := binary.LittleEndian.Uint64(v)
+		e := ledgerEntry{target: binary.LittleEndian.Uint64(v)}
 		n := int(v[8])
 		v = v[ledgerTargetHeader:]
 		if len(v) < n*ledgerSlotBytes {
-			return ledgerRecord{} // torn or foreign value: start afresh
+			return nil
 		}
-		var slots []ledgerSlot
 		for i := 0; i < n; i++ {
 			s := ledgerSlot{
 				epoch:    int64(binary.LittleEndian.Uint64(v)),
@@ -82,33 +110,41 @@ func decodeLedger(v []byte, oldest int64) ledgerRecord {
 			}
 			v = v[ledgerSlotBytes:]
 			if s.epoch > oldest && (s.requests > 0 || s.tokens > 0) {
-				slots = append(slots, s)
+				e.slots = append(e.slots, s)
 			}
 		}
-		if len(slots) > 0 {
-			rec[id] = slots
+		if len(e.slots) > 0 {
+			out = append(out, e)
 		}
 	}
-	return rec
+	return out
 }
 
-func encodeLedger(rec ledgerRecord) []byte {
+func encodeLedger(entries []ledgerEntry) []byte {
 	size := 1
-	for _, slots := range rec {
-		size += ledgerTargetHeader + len(slots)*ledgerSlotBytes
+	for _, e := range entries {
+		size += ledgerTargetHeader + len(e.slots)*ledgerSlotBytes
 	}
 	out := make([]byte, 1, size)
 	out[0] = ledgerFormat
-	for id, slots := range rec {
-		if len(slots) == 0 {
+	for _, e := range entries {
+		live := 0
+		for _, s := range e.slots {
+			if s.requests > 0 || s.tokens > 0 {
+				live++
+			}
+		}
+		if live == 0 {
 			continue
 		}
-		out = binary.LittleEndian.AppendUint64(out, id)
-		out = append(out, byte(len(slots)))
-		for _, s := range slots {
-			out = binary.LittleEndian.AppendUint64(out, uint64(s.epoch))
-			out = binary.LittleEndian.AppendUint32(out, uint32(s.requests))
-			out = binary.LittleEndian.AppendUint64(out, uint64(s.tokens))
+		out = binary.LittleEndian.AppendUint64(out, e.target)
+		out = append(out, byte(live))
+		for _, s := range e.slots {
+			if s.requests > 0 || s.tokens > 0 {
+				out = binary.LittleEndian.AppendUint64(out, uint64(s.epoch))
+				out = binary.LittleEndian.AppendUint32(out, uint32(s.requests))
+				out = binary.LittleEndian.AppendUint64(out, uint64(s.tokens))
+			}
 		}
 	}
 	return out
@@ -116,100 +152,104 @@ func encodeLedger(rec ledgerRecord) []byte {
 
 // Snapshot returns the live load of every target that has any.
 func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
-	v, _, err := l.store.Get(l.key)
+	v, cas, err := l.store.Get(l.key)
 	if err == ErrNotFound {
+		l.cached, l.cachedCAS = nil, 0
 		return map[uint64]Load{}, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	return sumLedger(decodeLedger(v, l.oldestLiveEpoch(nowMS))), nil
+	l.cached, l.cachedCAS = v, cas
+	entries := decodeLedger(v, l.oldestLiveEpoch(nowMS))
+	out := make(map[uint64]Load, len(entries))
+	for i := range entries {
+		out[entries[i].target] = entries[i].load()
+	}
+	return out, nil
 }
 
-func sumLedger(rec ledgerRecord) map[uint64]Load {
-	out := make(map[uint64]Load, len(rec))
-	for id, slots := range rec {
-		var ld Load
-		for _, s := range slots {
-			ld.Requests += s.requests
-			ld.Tokens += s.tokens
+// change applies fn to one target's slots under compare-and-swap, trying the cached
+// value first.
+func (l *LoadLedger) change(target uint64, nowMS int64, fn func(slots []ledgerSlot) []ledgerSlot) (LoadChange, error) {
+	oldest := l.oldestLiveEpoch(nowMS)
+	apply := func(old []byte) ([]byte, LoadChange) {
+		entries := decodeLedger(old, oldest)
+		i := 0
+		for i < len(entries) && entries[i].target != target {
+			i++
 		}
-		out[id] = ld
+		if i == len(entries) {
+			entries = append(entries, ledgerEntry{target: target})
+		}
+		entries[i].slots = fn(entries[i].slots)
+		c := LoadChange{Target: entries[i].load()}
+		for j := range entries {
+			c.TotalRequests += entries[j].load().Requests
+		}
+		return encodeLedger(entries), c
 	}
-	return out
-}
-
-// LoadChange is what a ledger change leaves behind: the target's load and the pool's
-// active requests, for gauges.
-type LoadChange struct {
-	Target        Load
-	TotalRequests int64
-}
-
-func changeOf(rec ledgerRecord, target uint64) LoadChange {
-	c := LoadChange{Target: sumSlots(rec[target])}
-	for _, slots := range rec {
-		c.TotalRequests += sumSlots(slots).Requests
+	if l.cached != nil || l.cachedCAS != 0 {
+		next, c := apply(l.cached)
+		err := l.store.Set(l.key, next, l.cachedCAS)
+		l.cached, l.cachedCAS = nil, 0
+		if err == nil {
+			return c, nil
+		} else if err != ErrCASMismatch {
+			return LoadChange{}, err
+		}
 	}
-	return c
+	for attempt := 0; attempt <= l.retries; attempt++ {
+		old, cas, err := l.store.Get(l.key)
+		if err == ErrNotFound {
+			old, cas = nil, 0
+		} else if err != nil {
+			return LoadChange{}, err
+		}
+		next, c := apply(old)
+		err = l.store.Set(l.key, next, cas)
+		if err == nil {
+			return c, nil
+		}
+		if err != ErrCASMismatch {
+			return LoadChange{}, err
+		}
+	}
+	return LoadChange{}, ErrStateConflict
 }
 
 // Acquire adds one request of tokens to target and returns its ticket and the load
 // afterwards.
 func (l *LoadLedger) Acquire(target uint64, tokens int64, nowMS int64) (LoadTicket, LoadChange, error) {
 	epoch := nowMS / l.slotMS
-	var after LoadChange
-	err := update(l.store, l.key, l.retries, func(old []byte) ([]byte, bool) {
-		rec := decodeLedger(old, l.oldestLiveEpoch(nowMS))
-		slots := rec[target]
-		found := false
+	c, err := l.change(target, nowMS, func(slots []ledgerSlot) []ledgerSlot {
 		for i := range slots {
 			if slots[i].epoch == epoch {
 				slots[i].requests++
 				slots[i].tokens += tokens
-				found = true
+				return slots
 			}
 		}
-		if !found {
-			slots = append(slots, ledgerSlot{epoch: epoch, requests: 1, tokens: tokens})
-		}
-		rec[target] = slots
-		after = changeOf(rec, target)
-		return encodeLedger(rec), true
+		return append(slots, ledgerSlot{epoch: epoch, requests: 1, tokens: tokens})
 	})
 	if err != nil {
 		return LoadTicket{}, LoadChange{}, err
 	}
-	return LoadTicket{Target: target, Epoch: epoch, Tokens: tokens, Valid: true}, after, nil
-}
-
-func sumSlots(slots []ledgerSlot) Load {
-	var ld Load
-	for _, s := range slots {
-		ld.Requests += s.requests
-		ld.Tokens += s.tokens
-	}
-	return ld
+	return LoadTicket{Target: target, Epoch: epoch, Tokens: tokens, Valid: true}, c, nil
 }
 
 // Release takes a ticket's load back from the slot it was added to. A ticket whose
-// slot has expired releases nothing: the sweep already dropped it.
+// slot has expired releases nothing: the lease already dropped it.
 func (l *LoadLedger) Release(t LoadTicket, nowMS int64) (LoadChange, error) {
-	var after LoadChange
-	err := update(l.store, l.key, l.retries, func(old []byte) ([]byte, bool) {
-		rec := decodeLedger(old, l.oldestLiveEpoch(nowMS))
-		slots := rec[t.Target]
+	return l.change(t.Target, nowMS, func(slots []ledgerSlot) []ledgerSlot {
 		for i := range slots {
 			if slots[i].epoch == t.Epoch {
 				slots[i].requests = max(0, slots[i].requests-1)
 				slots[i].tokens = max(0, slots[i].tokens-t.Tokens)
 			}
 		}
-		rec[t.Target] = slots
-		after = changeOf(rec, t.Target)
-		return encodeLedger(rec), true
+		return slots
 	})
-	return after, err
 }
 
 // Sweep rewrites the ledger without its expired slots. Reads already ignore them;
