@@ -206,7 +206,7 @@ func TestTickSweepsExpiredLoad(t *testing.T) {
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startHost(t, vm, `{"state":{"lease_ms":1000},"pools":{"decode":{"endpoints":[
 			{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},{"address":"10.0.0.3:8000"}]}}}`)
-		assert.Equal(t, uint32(1000), h.GetTickPeriod())
+		assert.Equal(t, uint32(100), h.GetTickPeriod())
 		for i := 0; i < 4; i++ {
 			h.send(post("/v1/completions", fmt.Sprintf(`{"prompt":"lost %d"}`, i))) // never completed
 		}

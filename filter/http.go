@@ -256,7 +256,7 @@ func (c *httpContext) recoverFailOpen(where string, action *types.Action) {
 		if c.plugin.metrics != nil {
 			c.plugin.metrics.failOpen.Increment(1)
 		}
-		proxywasm.LogErrorf("kvroute: recovered in %s, failing open: %v", where, r)
+		logFailOpen("kvroute: recovered in %s, failing open: %v", where, r)
 	}
 }
 

@@ -3,6 +3,10 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/binary"
+
+	"github.com/kvroute/kvroute/routing"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
@@ -12,6 +16,15 @@ func main() {}
 func init() { proxywasm.SetVMContext(&vmContext{}) }
 
 type vmContext struct{ types.DefaultVMContext }
+
+// OnVMStart seeds the VM's identity in the prefix journal from the host's randomness.
+func (*vmContext) OnVMStart(int) types.OnVMStartStatus {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err == nil {
+		routing.SetVMIdentitySeed(binary.LittleEndian.Uint64(b[:]))
+	}
+	return types.OnVMStartStatusOK
+}
 
 func (*vmContext) NewPluginContext(contextID uint32) types.PluginContext {
 	return &pluginContext{}

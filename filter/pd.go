@@ -225,7 +225,7 @@ func (c *httpContext) releasePrefill() {
 func (c *httpContext) resumeOnPanic() {
 	if r := recover(); r != nil {
 		c.plugin.metrics.failOpen.Increment(1)
-		proxywasm.LogErrorf("kvroute: recovered in prefill callback, resuming: %v", r)
+		logFailOpen("kvroute: recovered in prefill callback, resuming: %v", r)
 		_ = proxywasm.ResumeHttpRequest()
 	}
 }

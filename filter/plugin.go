@@ -23,8 +23,9 @@ type pluginContext struct {
 // nowMS is the clock of the filter; Envoy serves it through WASI's clock.
 var nowMS = func() int64 { return time.Now().UnixMilli() }
 
-// tickPeriodMS is how often each VM runs housekeeping (the ledger sweep).
-const tickPeriodMS = 1000
+// tickPeriodMS is how often each VM shares its prefix records with the other VMs
+// (and, less often, sweeps expired load).
+const tickPeriodMS = 100
 
 func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	data, err := proxywasm.GetPluginConfiguration()
@@ -51,7 +52,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 		}
 	}
 	if err := proxywasm.SetTickPeriodMilliSeconds(tickPeriodMS); err != nil {
-		proxywasm.LogWarnf("kvroute: no tick, expired load is swept only by reads: %v", err)
+		proxywasm.LogWarnf("kvroute: no tick: expired load is only ignored, not swept, and VMs do not share prefix records: %v", err)
 	}
 	proxywasm.LogInfof("kvroute: started with %d decode and %d prefill targets",
 		len(p.router.DecodeTargets()), len(p.router.PrefillTargets()))
@@ -62,10 +63,16 @@ func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
 	return &httpContext{plugin: p, clientRank: routing.NoRank}
 }
 
-// OnTick sweeps expired load out of the ledgers and brings the gauges back in step
-// with them (a lease that expired never had its release).
+// OnTick shares prefix records between the VMs and, every lease_ms/8, sweeps expired
+// load out of the ledgers and brings the gauges back in step with them (a lease that
+// expired never had its release).
 func (p *pluginContext) OnTick() {
 	defer p.recoverFailOpen("tick")
+	if p.cfg.Prefix.Enabled {
+		if err := p.router.SyncPrefixes(); err != nil {
+			p.metrics.stateConflicts.Increment(1)
+		}
+	}
 	now := nowMS()
 	if now-p.lastSweep < p.cfg.State.LeaseMS/8 {
 		return
@@ -93,6 +100,6 @@ func (p *pluginContext) recoverFailOpen(where string) {
 		if p.metrics != nil {
 			p.metrics.failOpen.Increment(1)
 		}
-		proxywasm.LogErrorf("kvroute: recovered in %s, failing open: %v", where, r)
+		logFailOpen("kvroute: recovered in %s, failing open: %v", where, r)
 	}
 }

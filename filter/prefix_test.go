@@ -179,3 +179,21 @@ func TestSkipBlocksInFilter(t *testing.T) {
 		})
 	}
 }
+
+func TestTickPublishesPrefixRecordsToSharedData(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, threeEndpoints)
+		rng := rand.New(rand.NewSource(8))
+		h.route(post("/v1/completions", completionBody(prose(rng, 2000))))
+		_, _, err := (sharedStore{}).Get("kvroute/pj/decode/0/head")
+		require.Error(t, err, "nothing is published before the tick")
+		h.Tick()
+		head, _, err := (sharedStore{}).Get("kvroute/pj/decode/0/head")
+		require.NoError(t, err)
+		assert.Len(t, head, 17)
+		chunk, _, err := (sharedStore{}).Get("kvroute/pj/decode/0/1")
+		require.NoError(t, err)
+		// 2000 bytes in blocks of 64: 31 blocks, 16 + 7 checkpoints + the last block.
+		assert.Equal(t, 17+12*24, len(chunk))
+	})
+}

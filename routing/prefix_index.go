@@ -1,86 +1,38 @@
 package routing
 
-import (
-	"encoding/binary"
-	"math/bits"
-	"strconv"
-)
-
-// PrefixIndex remembers which targets recently served which prompt prefixes, in
-// shared data, so that a request meets the target that holds its prefix's KV cache.
+// PrefixIndex remembers which targets recently served which prompt prefixes, so that
+// a request meets the target that holds its prefix's KV cache.
 //
 // Design. A prompt is hashed as one chain of blocks (HashCheckpoints) and only its
-// checkpoints are stored: every block count up to 16, then 8 per octave, plus the
+// checkpoints are kept: every block count up to 16, then 8 per octave, plus the
 // prompt's last full block — 16 + 8·log2(n/16) + 1 entries for n blocks. Each entry
-// (a checkpoint hash and its 4 most recent targets) lives in the bucket its own hash
-// picks. Recording a prompt refreshes all its checkpoints, so within one lineage an
-// earlier checkpoint is never older than a later one: "some target holds checkpoint
-// i" is monotone in i, and a lookup binary-searches the checkpoints, one bucket read
-// a probe — O(log log n) reads; a few more rounds find targets that hold shorter
-// prefixes. Recording costs one read per checkpoint and a write only where the entry
-// changes: O(log n) operations. Because checkpoints are chain hashes, a reported match
-// is never longer than the true longest common prefix with a recorded prompt;
-// because the grid has 8 points per octave, it is never shorter than 7/8 of it.
+// (a checkpoint hash and its 4 most recent targets) lives in a set-associative table
+// (prefixTable). Recording a prompt refreshes all its checkpoints, so within one
+// lineage an earlier checkpoint is never older than a later one: "some target holds
+// checkpoint i" is monotone in i, and a lookup binary-searches the checkpoints — a
+// few more rounds find targets that hold shorter prefixes. Because checkpoints are
+// chain hashes, a reported match is never longer than the true longest common prefix
+// with a recorded prompt; because the grid has 8 points per octave, it is never
+// shorter than 7/8 of it.
 //
-// Targets are kept as the low 32 bits of their id. Buckets are a fixed set of
-// capacity_blocks/8 keys of at most 8 entries in most-recently-used order, so the
-// index holds at most capacity_blocks entries and evicts approximately
-// least-recently-used.
+// Where it lives. Reading shared data costs a host call and a copy, and a prompt has
+// dozens of checkpoints, so each VM keeps its own table and the VMs share what they
+// record through shared data instead (prefixJournal): a request's lookup and record
+// cost no host call at all, and every tick each VM publishes what it recorded since
+// the last tick as one value and applies what the others published. A VM therefore
+// sees its own records at once and other VMs' records within a tick.
 type PrefixIndex struct {
-	store   Store
-	prefix  string
-	buckets uint64
-	retries int
+	table   *prefixTable
+	journal *prefixJournal
 }
 
-const (
-	prefixFormat          = 1
-	prefixBucketEntries   = 8
-	prefixTargetsPerEntry = 4
-	prefixEntryBytes      = 8 + 4*prefixTargetsPerEntry
-)
-
-// NewPrefixIndex returns the index of one pool.
+// NewPrefixIndex returns the index of one pool, holding at most capacityBlocks
+// checkpoint entries.
 func NewPrefixIndex(s Store, namespace, pool string, capacityBlocks, retries int) *PrefixIndex {
-	n := capacityBlocks / prefixBucketEntries
-	if n < 1 {
-		n = 1
+	return &PrefixIndex{
+		table:   newPrefixTable(capacityBlocks),
+		journal: newPrefixJournal(s, namespace, pool, retries),
 	}
-	return &PrefixIndex{store: s, prefix: namespace + "/prefix/" + pool + "/", buckets: uint64(n), retries: retries}
-}
-
-func (x *PrefixIndex) key(hash uint64) string {
-	hi, _ := bits.Mul64(hash, x.buckets)
-	return x.prefix + strconv.FormatUint(hi, 36)
-}
-
-// bucket is a decoded bucket value: entries of prefixEntryBytes, most recent first.
-type bucket []byte
-
-func decodeBucket(v []byte) bucket {
-	if len(v) < 1 || v[0] != prefixFormat || (len(v)-1)%prefixEntryBytes != 0 {
-		return nil
-	}
-	return bucket(v[1:])
-}
-
-func (b bucket) len() int { return len(b) / prefixEntryBytes }
-
-func (b bucket) entry(i int) []byte { return b[i*prefixEntryBytes : (i+1)*prefixEntryBytes] }
-
-// find returns the index of the entry for hash, or -1.
-func (b bucket) find(hash uint64) int {
-	for i := 0; i < b.len(); i++ {
-		if binary.LittleEndian.Uint64(b.entry(i)) == hash {
-			return i
-		}
-	}
-	return -1
-}
-
-// target returns target slot s of entry i (0 means empty).
-func (b bucket) target(i, s int) uint32 {
-	return binary.LittleEndian.Uint32(b.entry(i)[8+4*s:])
 }
 
 // PrefixMatch says how many leading blocks of a prompt a target holds.
@@ -93,13 +45,10 @@ type PrefixMatch struct {
 // deepest match of any target, each further one the deepest of targets not found yet.
 const maxMatchRounds = 4
 
-// Match looks the prompt's checkpoints up and returns the matched block count of each
-// target found. known says whether a 32-bit target id is one the pool still has;
-// others are ignored.
-func (x *PrefixIndex) Match(cps []Checkpoint, known func(uint32) bool) ([]PrefixMatch, error) {
-	if len(cps) == 0 {
-		return nil, nil
-	}
+// Match returns the matched block count of each target that holds a prefix of the
+// prompt. known says whether a 32-bit target id is one the pool still has; others are
+// ignored.
+func (x *PrefixIndex) Match(cps []Checkpoint, known func(uint32) bool) []PrefixMatch {
 	var found []PrefixMatch
 	isFound := func(t uint32) bool {
 		for _, m := range found {
@@ -109,49 +58,22 @@ func (x *PrefixIndex) Match(cps []Checkpoint, known func(uint32) bool) ([]Prefix
 		}
 		return false
 	}
-	// Reads are remembered by checkpoint index: later rounds probe some again.
-	var cache [8]struct {
-		i int
-		b bucket
-	}
-	cached := 0
-	read := func(i int) (bucket, int, error) {
-		for c := 0; c < cached; c++ {
-			if cache[c].i == i {
-				return cache[c].b, cache[c].b.find(cps[i].Hash), nil
-			}
-		}
-		v, _, err := x.store.Get(x.key(cps[i].Hash))
-		if err != nil && err != ErrNotFound {
-			return nil, -1, err
-		}
-		b := decodeBucket(v)
-		cache[cached%len(cache)].i, cache[cached%len(cache)].b = i, b
-		if cached < len(cache) {
-			cached++
-		}
-		return b, b.find(cps[i].Hash), nil
-	}
 	hi := len(cps) // search checkpoints [0, hi)
 	for round := 0; round < maxMatchRounds && hi > 0; round++ {
 		lo, top := 0, -1
-		var topBucket bucket
-		topEntry := -1
+		var topEntry *prefixEntry
 		for lo < hi {
 			mid := (lo + hi) / 2
-			b, e, err := read(mid)
-			if err != nil {
-				return nil, err
-			}
+			e := x.table.find(cps[mid].Hash)
 			fresh := false
-			for s := 0; e >= 0 && s < prefixTargetsPerEntry; s++ {
-				if t := b.target(e, s); t != 0 && known(t) && !isFound(t) {
+			for s := 0; e != nil && s < prefixTargetsPerEntry; s++ {
+				if t := e.targets[s]; t != 0 && known(t) && !isFound(t) {
 					fresh = true
 					break
 				}
 			}
 			if fresh {
-				top, topBucket, topEntry, lo = mid, b, e, mid+1
+				top, topEntry, lo = mid, e, mid+1
 			} else {
 				hi = mid
 			}
@@ -159,65 +81,38 @@ func (x *PrefixIndex) Match(cps []Checkpoint, known func(uint32) bool) ([]Prefix
 		if top < 0 {
 			break
 		}
-		for s := 0; s < prefixTargetsPerEntry; s++ {
-			if t := topBucket.target(topEntry, s); t != 0 && known(t) && !isFound(t) {
+		for _, t := range topEntry.targets {
+			if t != 0 && known(t) && !isFound(t) {
 				found = append(found, PrefixMatch{Target: t, Blocks: cps[top].Pos})
 			}
 		}
 		hi = top // targets not found yet hold less: look below
 	}
-	return found, nil
+	return found
 }
 
-// Record stores the prompt's checkpoints against target: a read per checkpoint, and
-// a write where the entry is missing, names another target first, or has drifted
-// into the older half of its bucket.
-func (x *PrefixIndex) Record(cps []Checkpoint, target uint64) error {
-	t32 := uint32(target)
-	if t32 == 0 {
-		t32 = 1 // 0 marks an empty slot
-	}
+// Record stores the prompt's checkpoints against target, and queues what changed for
+// the other VMs.
+func (x *PrefixIndex) Record(cps []Checkpoint, target uint64) {
+	t32 := prefixTargetID(target)
 	for _, cp := range cps {
-		err := update(x.store, x.key(cp.Hash), x.retries, func(old []byte) ([]byte, bool) {
-			b := decodeBucket(old)
-			if i := b.find(cp.Hash); i >= 0 && i < prefixBucketEntries/2 && b.target(i, 0) == t32 {
-				return nil, false
-			}
-			return recordEntry(b, cp.Hash, t32), true
-		})
-		if err != nil {
-			return err
+		if x.table.record(cp.Hash, t32) {
+			x.journal.queue(cp.Hash, t32)
 		}
 	}
-	return nil
 }
 
-// recordEntry returns a new bucket value with hash at the front, t32 its most recent
-// target, followed by the other entries that still fit.
-func recordEntry(old bucket, hash uint64, t32 uint32) []byte {
-	out := make([]byte, 1, 1+prefixBucketEntries*prefixEntryBytes)
-	out[0] = prefixFormat
-	out = binary.LittleEndian.AppendUint64(out, hash)
-	out = binary.LittleEndian.AppendUint32(out, t32)
-	slots := 1
-	prev := old.find(hash)
-	if prev >= 0 {
-		for s := 0; s < prefixTargetsPerEntry && slots < prefixTargetsPerEntry; s++ {
-			if t := old.target(prev, s); t != 0 && t != t32 {
-				out = binary.LittleEndian.AppendUint32(out, t)
-				slots++
-			}
-		}
+// Sync publishes this VM's recent records and applies the other VMs'. It runs on the
+// tick, never on a request.
+func (x *PrefixIndex) Sync(nowMS int64) error {
+	return x.journal.sync(nowMS, func(hash uint64, t32 uint32) { x.table.record(hash, t32) })
+}
+
+// prefixTargetID is the 32-bit form of a target id that the prefix index keeps (0 is
+// reserved for an empty slot).
+func prefixTargetID(id uint64) uint32 {
+	if t := uint32(id); t != 0 {
+		return t
 	}
-	for ; slots < prefixTargetsPerEntry; slots++ {
-		out = binary.LittleEndian.AppendUint32(out, 0)
-	}
-	kept := 1
-	for i := 0; i < old.len() && kept < prefixBucketEntries; i++ {
-		if i != prev {
-			out = append(out, old.entry(i)...)
-			kept++
-		}
-	}
-	return out
+	return 1
 }

@@ -239,14 +239,6 @@ func rendezvous(p *poolState, cands []int, key uint64) int {
 	return best
 }
 
-// prefixTargetID is the 32-bit form of a target id that the prefix index keeps.
-func prefixTargetID(id uint64) uint32 {
-	if t := uint32(id); t != 0 {
-		return t
-	}
-	return 1
-}
-
 // prompt is the prefix view of one request: its checkpoints and matches.
 type prompt struct {
 	cps     []Checkpoint
@@ -340,8 +332,8 @@ func (r *Router) choose(p *poolState, req *Request, pr *prompt, rank int, nowMS 
 		return chosen{}, err
 	}
 	c := chosen{kind: kind, target: p.targets.Targets[choice]}
-	if len(pr.cps) > 0 && p.index.Record(pr.cps, c.target.ID) != nil {
-		c.stateFailed = true
+	if len(pr.cps) > 0 {
+		p.index.Record(pr.cps, c.target.ID)
 	}
 	c.ticket, c.load, err = p.ledger.Acquire(c.target.ID, int64(req.Tokens), nowMS)
 	if err != nil {
@@ -356,10 +348,7 @@ func (r *Router) lookup(v *poolView, pr *prompt) error {
 		return nil
 	}
 	p := v.pool
-	found, err := p.index.Match(pr.cps, func(t uint32) bool { _, ok := p.byID32[t]; return ok })
-	if err != nil {
-		return err
-	}
+	found := p.index.Match(pr.cps, func(t uint32) bool { _, ok := p.byID32[t]; return ok })
 	pr.matched = make([]int, len(p.targets.Targets))
 	for _, m := range found {
 		pr.matched[p.byID32[m.Target]] = m.Blocks
@@ -543,6 +532,18 @@ func (r *Router) ReportHealth(t Target, prefill bool, failed bool) (bool, error)
 		p = r.prefill
 	}
 	return p.health.Report(FingerprintString(t.Address), failed, r.now())
+}
+
+// SyncPrefixes shares this VM's prefix records with the other VMs and takes theirs
+// (see PrefixIndex). It runs on the tick.
+func (r *Router) SyncPrefixes() error {
+	err := r.decode.index.Sync(r.now())
+	if len(r.prefill.targets.Targets) > 0 {
+		if err2 := r.prefill.index.Sync(r.now()); err == nil {
+			err = err2
+		}
+	}
+	return err
 }
 
 // Sweep drops expired load from both ledgers.

@@ -1,0 +1,90 @@
+package routing
+
+import "math/bits"
+
+// prefixTable is a VM's own copy of a pool's prefix index: a set-associative table of
+// checkpoint entries (8 ways a set, least recently recorded evicted), each keeping the
+// 4 targets that most recently served its prefix. It is plain memory: a lookup or a
+// record costs no host call. PrefixIndex keeps the copies of all VMs in step through
+// shared data.
+type prefixTable struct {
+	sets    uint64
+	entries []prefixEntry
+	clock   uint32 // advances on every write; an entry's stamp is its last write
+}
+
+const (
+	prefixWays            = 8
+	prefixTargetsPerEntry = 4
+)
+
+type prefixEntry struct {
+	hash    uint64
+	targets [prefixTargetsPerEntry]uint32 // 0 marks an empty slot
+	stamp   uint32                        // 0 marks an empty entry
+}
+
+func newPrefixTable(capacity int) *prefixTable {
+	sets := (capacity + prefixWays - 1) / prefixWays
+	if sets < 1 {
+		sets = 1
+	}
+	return &prefixTable{sets: uint64(sets), entries: make([]prefixEntry, sets*prefixWays)}
+}
+
+func (t *prefixTable) set(hash uint64) []prefixEntry {
+	s, _ := bits.Mul64(hash, t.sets)
+	return t.entries[s*prefixWays : (s+1)*prefixWays]
+}
+
+// find returns the entry of hash, or nil.
+func (t *prefixTable) find(hash uint64) *prefixEntry {
+	set := t.set(hash)
+	for i := range set {
+		if set[i].stamp != 0 && set[i].hash == hash {
+			return &set[i]
+		}
+	}
+	return nil
+}
+
+// record makes target the most recent holder of hash. It reports whether that
+// changed anything a peer would need to hear about (a new entry, or a new first
+// target); a repeat only refreshes the entry's recency.
+func (t *prefixTable) record(hash uint64, target uint32) (changed bool) {
+	t.clock++
+	if t.clock == 0 { // wrapped: stamps restart, ordering is approximate for a moment
+		t.clock = 1
+	}
+	set := t.set(hash)
+	victim := 0
+	for i := range set {
+		e := &set[i]
+		if e.stamp != 0 && e.hash == hash {
+			e.stamp = t.clock
+			if e.targets[0] == target {
+				return false
+			}
+			promoteTarget(&e.targets, target)
+			return true
+		}
+		if e.stamp == 0 || (set[victim].stamp != 0 && e.stamp < set[victim].stamp) {
+			victim = i
+		}
+	}
+	set[victim] = prefixEntry{hash: hash, targets: [prefixTargetsPerEntry]uint32{target}, stamp: t.clock}
+	return true
+}
+
+// promoteTarget puts target first, keeping the others in order (dropping the oldest).
+func promoteTarget(ts *[prefixTargetsPerEntry]uint32, target uint32) {
+	j := len(ts) - 1
+	for i, t := range ts {
+		if t == target {
+			j = i
+			break
+		}
+	}
+	copy(ts[1:j+1], ts[:j])
+	ts[0] = target
+}
