@@ -55,8 +55,9 @@ const (
 
 // Extract parses body and fills req for the given API (SPEC §3.3). It never panics.
 //
-// The body is validated once with gjson.ValidBytes and then read in one forward
-// walk: the members Extract needs are decoded straight into req.Prompt as they are
+// The body's shape is checked once (jsonShapeOK: an object, balanced, strings
+// closed, nesting bounded — several times faster than a full validation) and then
+// read in one forward walk: the members Extract needs are decoded straight into req.Prompt as they are
 // met, and everything else is only skipped over. It allocates only for a copy of
 // req.Model and to grow req.Prompt: the canonical prompt is appended to
 // req.Prompt[:0], so a caller that reuses one Request reuses one backing array.
@@ -119,12 +120,12 @@ func Extract(api API, body []byte, opt ExtractOptions, req *Request) error {
 	default:
 		return errUnknownAPI
 	}
-	if !gjson.ValidBytes(body) {
-		return errNotJSON
-	}
 	// A view of the body as a string, not a copy. Nothing taken from it outlives this
 	// call except through a copy (Model is cloned; text is appended to Prompt).
 	json := unsafe.String(unsafe.SliceData(body), len(body))
+	if !jsonShapeOK(json) {
+		return errNotJSON
+	}
 	root := skipSpace(json, 0)
 	if root >= len(json) || json[root] != '{' {
 		return errNotObject
@@ -296,8 +297,8 @@ func conversationID(v gjson.Result) (string, bool) {
 }
 
 // The functions below read the JSON text s from the value that starts at s[v] and
-// return where it ends. They check no syntax, as gjson.ValidBytes has done that, but
-// they never index out of range nor loop on any input: a value that is not closed
+// return where it ends. They check no more syntax than they need (jsonShapeOK has
+// checked the shape), but they never index out of range nor loop on any input: a value that is not closed
 // ends at len(s). They return the number of text bytes they appended (or of token
 // ids), for the estimate.
 

@@ -63,16 +63,20 @@ func FuzzExtract(f *testing.F) {
 					t.Fatalf("api %d: block bytes %d", api, req.BlockBytes)
 				}
 
-				// The same result from the straightforward gjson reading.
-				var ref Request
-				refErr := refExtract(api, body, opt, &ref)
-				if (err == nil) != (refErr == nil) {
-					t.Fatalf("api %d: error %v, reference error %v", api, err, refErr)
-				}
-				if err == nil && (!bytes.Equal(req.Prompt, ref.Prompt) || req.Tokens != ref.Tokens ||
-					req.BlockBytes != ref.BlockBytes || req.Model != ref.Model || req.Stream != ref.Stream ||
-					req.HasConversation != ref.HasConversation || req.Conversation != ref.Conversation) {
-					t.Fatalf("api %d: got %+v\nwant %+v", api, req, ref)
+				// The same result from the straightforward gjson reading, for bodies
+				// that are valid JSON (Extract checks only the shape of the rest:
+				// jsonShapeOK) and not nested deeper than it accepts.
+				if gjson.ValidBytes(body) && bytes.Count(body, []byte("["))+bytes.Count(body, []byte("{")) <= maxJSONDepth {
+					var ref Request
+					refErr := refExtract(api, body, opt, &ref)
+					if (err == nil) != (refErr == nil) {
+						t.Fatalf("api %d: error %v, reference error %v on %q", api, err, refErr, body)
+					}
+					if err == nil && (!bytes.Equal(req.Prompt, ref.Prompt) || req.Tokens != ref.Tokens ||
+						req.BlockBytes != ref.BlockBytes || req.Model != ref.Model || req.Stream != ref.Stream ||
+						req.HasConversation != ref.HasConversation || req.Conversation != ref.Conversation) {
+						t.Fatalf("api %d: got %+v\nwant %+v", api, req, ref)
+					}
 				}
 
 				// Reusing the Request gives the same result.
