@@ -195,5 +195,12 @@ func TestTickPublishesPrefixRecordsToSharedData(t *testing.T) {
 		require.NoError(t, err)
 		// 2000 bytes in blocks of 64: 31 blocks, 16 + 7 checkpoints + the last block.
 		assert.Equal(t, 17+12*24, len(chunk))
+		// Every later tick with news publishes too.
+		h.route(post("/v1/completions", completionBody(prose(rng, 2000))))
+		h.Tick()
+		head, _, err = (sharedStore{}).Get("kvroute/pj/decode/0/head")
+		require.NoError(t, err)
+		assert.Equal(t, byte(2), head[9], "the head names chunk 2")
+		assert.Equal(t, uint64(0), h.counter("kvroute_state_conflicts"))
 	})
 }

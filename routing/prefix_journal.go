@@ -177,15 +177,29 @@ func (j *prefixJournal) publish() error {
 	binary.LittleEndian.PutUint64(chunk[1:], j.vmid)
 	binary.LittleEndian.PutUint64(chunk[9:], j.seq)
 	chunk = append(chunk, j.outbox...)
-	// This VM alone writes its slot's keys: no compare-and-swap is needed.
-	if err := j.store.Set(j.slotKey(j.slot, strconv.FormatUint(j.seq%journalRing, 10)), chunk, 0); err != nil {
+	if err := j.overwrite(j.slotKey(j.slot, strconv.FormatUint(j.seq%journalRing, 10)), chunk); err != nil {
 		return err
 	}
-	if err := j.store.Set(j.slotKey(j.slot, "head"), chunk[:journalHeaderBytes], 0); err != nil {
+	if err := j.overwrite(j.slotKey(j.slot, "head"), chunk[:journalHeaderBytes]); err != nil {
 		return err
 	}
 	j.outbox = j.outbox[:0]
 	return nil
+}
+
+// overwrite writes a key that this VM alone writes. CAS 0 means "unconditional" to
+// Envoy (proxy-wasm-cpp-host's shared data), but the SDK's host emulator refuses it
+// for a key that exists; then the key's current token is read and used.
+func (j *prefixJournal) overwrite(key string, value []byte) error {
+	err := j.store.Set(key, value, 0)
+	if err != ErrCASMismatch {
+		return err
+	}
+	_, cas, err := j.store.Get(key)
+	if err != nil && err != ErrNotFound {
+		return err
+	}
+	return j.store.Set(key, value, cas)
 }
 
 // readHeader decodes a chunk's or head's (vmid, seq), ok=false for another format.

@@ -1,0 +1,37 @@
+package routing
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// emulatorStore behaves like the proxy-wasm SDK's host emulator, which refuses CAS 0
+// for a key that exists (Envoy takes it as unconditional).
+type emulatorStore struct{ *MemoryStore }
+
+func (e emulatorStore) Set(key string, value []byte, cas uint32) error {
+	if _, cur, err := e.MemoryStore.Get(key); err == nil && cas != cur {
+		return ErrCASMismatch
+	}
+	return e.MemoryStore.Set(key, value, cas)
+}
+
+func TestPrefixJournalPublishesUnderEitherCASZeroRule(t *testing.T) {
+	for name, store := range map[string]Store{"envoy": NewMemoryStore(), "emulator": emulatorStore{NewMemoryStore()}} {
+		t.Run(name, func(t *testing.T) {
+			a := NewPrefixIndex(store, "ns", "decode", 1024, 8)
+			b := NewPrefixIndex(store, "ns", "decode", 1024, 8)
+			all := func(uint32) bool { return true }
+			for i := 0; i < 3; i++ { // every tick publishes, not only the first
+				p := []byte{byte(i), 1, 2, 3, 4, 5, 6, 7}
+				cps, _ := HashCheckpoints("m", p, 8, nil)
+				a.Record(cps, uint64(10+i))
+				require.NoError(t, a.Sync(int64(1000+10*i)))
+				require.NoError(t, b.Sync(int64(1001+10*i)))
+				assert.Len(t, b.Match(cps, all), 1, "tick %d", i)
+			}
+		})
+	}
+}
