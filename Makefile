@@ -3,7 +3,7 @@ GO        ?= go
 WASM      := build/kvroute.wasm
 WASM_SRC  := $(shell find filter routing -name '*.go' -not -name '*_test.go') go.mod go.sum
 
-.PHONY: all build demo test bench fuzz clean
+.PHONY: all build demo samples test bench fuzz clean
 
 all: build
 
@@ -13,8 +13,14 @@ $(WASM): $(WASM_SRC)
 	@mkdir -p build
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $(WASM) ./filter
 
-# The main job: build the wasm and route traffic through it in the SDK host emulator.
+# The main job: build the wasm and replay the Mooncake trace through it in the SDK host
+# emulator against a modelled fleet, next to the baselines, printing the report.
 demo: build
+	$(GO) run ./cmd/kvroute-replay -wasm $(WASM) -config testdata/replay/kvroute.json \
+		-trace testdata/traces/mooncake_synthetic_trace.jsonl -svg build/replay.svg
+
+# Route the hand-written sample requests and print one line per decision.
+samples: build
 	$(GO) run ./cmd/kvroute-demo -wasm $(WASM) -requests testdata/requests
 
 # go vet and every test; the wasm is built first so wasm-mode tests test this code.

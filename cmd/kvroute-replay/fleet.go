@@ -208,8 +208,7 @@ func Replay(reqs []*Request, cfg FleetConfig, p Policy) (*Result, error) {
 	}
 	f := NewFleet(cfg, blockTokens)
 	for _, r := range reqs {
-		f.advance(r.ArrivalMS, p)
-		f.now = math.Max(f.now, r.ArrivalMS)
+		f.advance(r.ArrivalMS, p) // completions due by the arrival come first
 		t := p.Choose(r, f)
 		if t < 0 || t >= f.N() {
 			return nil, fmt.Errorf("%s chose target %d for request %d (fleet has %d)", p.Name(), t, r.Index, f.N())
@@ -236,6 +235,8 @@ type Result struct {
 	Kinds                  []string  // the policy's decision per request, if it reports one
 	Decisions              []Count   // the policy's own decision mix, if it reports one
 	PD                     string    // P/D split, if the policy reports one
+	Notes                  []string  // anomalies the policy reported
+	Ticks                  int       // timer ticks delivered to the policy (kvroute)
 }
 
 // Count is a named count.

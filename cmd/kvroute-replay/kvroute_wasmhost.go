@@ -32,10 +32,39 @@ type kvrouteWasm struct {
 	host    proxytest.HostEmulator
 	reset   func()
 	targets map[string]int // "address#rank" → target index
-	dpSize  int
 	context map[int]uint32 // request index → http context id
 	err     error          // the first routing failure, reported by Replay's caller
 	kinds   []string       // decision header per request index
+
+	fleet    *Fleet  // the replay's clock
+	nextTick float64 // replay time of the next timer tick, ms
+	ticks    int     // ticks delivered
+}
+
+// maxIdleTicks is how many ticks are delivered back to back across a quiet stretch:
+// a tick with nothing new to share or sweep does nothing, so a long gap between
+// requests need not cost thousands of calls.
+const maxIdleTicks = 2
+
+// tickTo delivers Envoy's timer: OnTick every tick period (as the filter asked with
+// SetTickPeriodMilliSeconds) of replay time up to now, before the request or
+// completion at now. (The guest's own clock is wazero's fake one; the ticks follow
+// the replay's.)
+func (p *kvrouteWasm) tickTo(now float64) {
+	period := float64(p.host.GetTickPeriod())
+	if period <= 0 {
+		return
+	}
+	if p.nextTick == 0 {
+		p.nextTick = period
+	}
+	for n := 0; p.nextTick <= now; n++ {
+		if n < maxIdleTicks {
+			p.host.Tick()
+			p.ticks++
+		}
+		p.nextTick += period
+	}
 }
 
 // newKVRouteWasm loads the compiled filter and starts it with config.
@@ -48,8 +77,7 @@ func newKVRouteWasm(wasm []byte, config []byte, cfg FleetConfig) (*kvrouteWasm, 
 	log.SetOutput(io.Discard)
 	host, reset := proxytest.NewHostEmulator(proxytest.NewEmulatorOption().
 		WithVMContext(vm).WithPluginConfiguration(config))
-	p := &kvrouteWasm{vm: vm, host: host, reset: reset, targets: map[string]int{}, dpSize: cfg.DPSize,
-		context: map[int]uint32{}}
+	p := &kvrouteWasm{vm: vm, host: host, reset: reset, targets: map[string]int{}, context: map[int]uint32{}}
 	if host.StartVM() != types.OnVMStartStatusOK || host.StartPlugin() != types.OnPluginStartStatusOK {
 		crit := host.GetCriticalLogs()
 		p.Close()
@@ -77,6 +105,8 @@ func (p *kvrouteWasm) Close() {
 func (p *kvrouteWasm) Name() string { return "kvroute (wasm)" }
 
 func (p *kvrouteWasm) Choose(r *Request, f *Fleet) int {
+	p.fleet = f
+	p.tickTo(f.Now())
 	body := r.Body()
 	headers := [][2]string{
 		{":method", "POST"}, {":path", r.Path}, {":authority", "replay"},
@@ -125,6 +155,7 @@ func (p *kvrouteWasm) Done(r *Request, _ int) {
 		return
 	}
 	delete(p.context, r.Index)
+	p.tickTo(p.fleet.Now())
 	p.host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
 	p.host.CompleteHttpContext(id)
 }

@@ -25,6 +25,7 @@ type Report struct {
 
 	KVRoute   *Result   // nil when not replayed
 	Baselines []*Result // in table order
+	Notes     []string  // anomalies seen during the replay
 }
 
 // Bar limits of SPEC §10.
@@ -110,15 +111,14 @@ func (rep *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  oracle hit rate: one shared LRU of the fleet's total size %.4f; infinite cache %.4f\n\n",
 		rep.OracleLRU, rep.OracleInfinite)
 
-	fmt.Fprintf(w, "%-22s %8s %8s %9s %10s %10s %10s %9s %9s\n",
-		"policy", "hit rate", "/oracle", "/infinite", "work", "in-flight", "TTFT mean", "TTFT p50", "TTFT p99")
-	fmt.Fprintf(w, "%-22s %8s %8s %9s %10s %10s %10s %9s %9s\n",
-		"", "", "", "", "max/mean", "max/mean", "ms", "ms", "ms")
-	fmt.Fprintln(w, strings.Repeat("-", 22+9*8+2))
+	const rowFormat = "%-20s %8s %7s %9s %9s %9s %9s %9s %8s %8s\n"
+	fmt.Fprintf(w, rowFormat, "policy", "hit rate", "/oracle", "/infinite", "work", "in-flight", "in-flight", "TTFT mean", "TTFT p50", "TTFT p99")
+	fmt.Fprintf(w, rowFormat, "", "", "", "", "max/mean", "max/mean", "mean", "ms", "ms", "ms")
+	fmt.Fprintln(w, strings.Repeat("-", 101))
 	for _, r := range rep.Results() {
-		fmt.Fprintf(w, "%-22s %8.4f %8.3f %9.3f %10.3f %10.3f %10.0f %9.0f %9.0f\n",
-			r.Policy, r.HitRate(), ratio(r.HitRate(), rep.OracleLRU), ratio(r.HitRate(), rep.OracleInfinite),
-			r.WorkImbalance(), r.LoadImbalance(), r.TTFTMean(), r.TTFTQuantile(0.5), r.TTFTQuantile(0.99))
+		fmt.Fprintf(w, rowFormat, r.Policy, f4(r.HitRate()), f3(ratio(r.HitRate(), rep.OracleLRU)), f3(ratio(r.HitRate(), rep.OracleInfinite)),
+			f3(r.WorkImbalance()), f3(r.LoadImbalance()), f3(mean(r.MeanInFlight)),
+			f0(r.TTFTMean()), f0(r.TTFTQuantile(0.5)), f0(r.TTFTQuantile(0.99)))
 	}
 	if k := rep.KVRoute; k != nil {
 		fmt.Fprintf(w, "\nkvroute decisions (filter counters):")
@@ -131,12 +131,15 @@ func (rep *Report) WriteText(w io.Writer) {
 				fmt.Fprintf(w, " %s %d (%.1f%%)", c.Name, c.N, 100*ratio(float64(c.N), float64(total)))
 			}
 		}
-		fmt.Fprintf(w, "; P/D split: %s\n", k.PD)
+		fmt.Fprintf(w, "; P/D split: %s; %d timer ticks\n", k.PD, k.Ticks)
 		fmt.Fprintf(w, "kvroute requests per target:")
 		for _, n := range k.Assigned {
 			fmt.Fprintf(w, " %d", n)
 		}
 		fmt.Fprintln(w)
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(w, "NOTE: %s\n", n)
 	}
 	if bars := rep.Bars(); len(bars) > 0 {
 		fmt.Fprintln(w, "\nSPEC §10 routing-quality bar, measured in this run:")
@@ -165,7 +168,7 @@ func (rep *Report) WriteSVG(w io.Writer) error {
 		top    = 70
 	)
 	width := labelW + 3*panelW + 2*gap + 20
-	height := top + rowH*len(results) + 50
+	height := top + rowH*len(results) + 62
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", width, height)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", width, height)
@@ -215,7 +218,7 @@ func (rep *Report) WriteSVG(w io.Writer) error {
 			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/>`+"\n", x0, y+4, scale(v)-float64(x0), rowH-8, color)
 			fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="11">%s</text>`+"\n", scale(v)+4, y+17, fmt.Sprintf(p.format, v))
 		}
-		for _, m := range p.marks {
+		for mi, m := range p.marks {
 			if m.at <= 0 || m.at > p.max {
 				continue
 			}
@@ -224,7 +227,7 @@ func (rep *Report) WriteSVG(w io.Writer) error {
 				x, top-4, x, top+rowH*len(results))
 			if m.label != "" {
 				fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="10" fill="#d1242f" text-anchor="middle">%s</text>`+"\n",
-					x, top+rowH*len(results)+14, html.EscapeString(m.label))
+					x, top+rowH*len(results)+13+11*mi, html.EscapeString(m.label))
 			}
 		}
 	}
@@ -240,12 +243,24 @@ func (rep *Report) WriteSVG(w io.Writer) error {
 				parts = append(parts, "FAIL")
 			}
 		}
-		fmt.Fprintf(&b, `<text x="10" y="%d" font-size="11">SPEC §10 bar (hit >= 95%% oracle; load <= 1.2; above every baseline): %s</text>`+"\n",
-			height-10, strings.Join(parts, " / "))
+		fmt.Fprintf(&b, `<text x="10" y="%d" font-size="11">%s</text>`+"\n", height-10, html.EscapeString(
+			"SPEC §10 bar (hit >= 95% of the oracle / in-flight max/mean <= 1.2 / hit above every baseline): "+strings.Join(parts, " / ")))
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+func f0(v float64) string { return fmt.Sprintf("%.0f", v) }
+func f3(v float64) string { return fmt.Sprintf("%.3f", v) }
+func f4(v float64) string { return fmt.Sprintf("%.4f", v) }
+
+func mean(xs []float64) float64 {
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return ratio(s, float64(len(xs)))
 }
 
 type mark struct {

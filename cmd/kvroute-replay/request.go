@@ -36,7 +36,7 @@ type Request struct {
 
 	// Filled by prepare from the text.
 	TextLen  int      // bytes of canonical prompt text
-	Chain64  []uint64 // chain hashes of the 64-byte chunks; the last covers a partial chunk if PartialChunk64
+	Chain64  []uint64 // chain hashes of the 64-byte chunks of the text, a trailing partial chunk included
 	Partial  bool     // the text length is not a multiple of 64: Chain64's last hash is of a partial chunk
 	Chain128 []uint64 // TensorRT-LLM's 128-code-point blocks over text[:len-1], the last one partial
 	FirstKey uint64   // hash of the first 512-token block of text (consistent hashing's key)
