@@ -242,3 +242,16 @@ func TestTrustedClientRankInFilter(t *testing.T) {
 		})
 	})
 }
+
+func TestDecisionTimeHistogramIsRecorded(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, threeEndpoints)
+		_, err := h.GetHistogramMetric("kvroute_decision_time_us")
+		require.NoError(t, err, "defined at start")
+		h.route(post("/v1/chat/completions", chat("hello")))
+		// The emulator keeps the last recorded value; the Go plugin runs on a fake clock
+		// and wazero's moves 1 ms a reading, so only its presence is certain.
+		_, err = h.GetHistogramMetric("kvroute_decision_time_us")
+		require.NoError(t, err)
+	})
+}

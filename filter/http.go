@@ -3,6 +3,7 @@ package main
 import (
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvroute/kvroute/routing"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
@@ -130,6 +131,8 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 	p := c.plugin
 	cfg := &p.cfg
 	c.decided = true
+	started := time.Now()
+	defer func() { p.metrics.decisionTime.Record(uint64(time.Since(started).Microseconds())) }()
 	if body != nil {
 		opt := routing.ExtractOptions{CharsPerToken: cfg.CharsPerToken, BlockTokens: cfg.Prefix.BlockTokens}
 		if cfg.Conversation.Enabled {

@@ -20,6 +20,8 @@ type metrics struct {
 	ejections        proxywasm.MetricCounter
 	failOpen         proxywasm.MetricCounter
 
+	decisionTime proxywasm.MetricHistogram // microseconds from body in to headers out
+
 	activeRequests proxywasm.MetricGauge
 	targetActive   map[uint64]proxywasm.MetricGauge // decode target id → gauge
 }
@@ -34,6 +36,7 @@ func defineMetrics(targets []routing.Target) *metrics {
 		stateConflicts:   proxywasm.DefineCounterMetric("kvroute_state_conflicts"),
 		ejections:        proxywasm.DefineCounterMetric("kvroute_endpoint_ejections"),
 		failOpen:         proxywasm.DefineCounterMetric("kvroute_fail_open"),
+		decisionTime:     proxywasm.DefineHistogramMetric("kvroute_decision_time_us"),
 		activeRequests:   proxywasm.DefineGaugeMetric("kvroute_active_requests"),
 		targetActive:     map[uint64]proxywasm.MetricGauge{},
 	}
