@@ -57,6 +57,8 @@ type host struct {
 	proxytest.HostEmulator
 	t    testing.TB
 	wasm bool
+
+	scrapesSeen int
 }
 
 // advance moves the plugin's clock forward by at least ms milliseconds. The Go plugin

@@ -21,7 +21,9 @@ type vmContext struct{ types.DefaultVMContext }
 func (*vmContext) OnVMStart(int) types.OnVMStartStatus {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err == nil {
-		routing.SetVMIdentitySeed(binary.LittleEndian.Uint64(b[:]))
+		seed := binary.LittleEndian.Uint64(b[:])
+		routing.SetVMIdentitySeed(seed)
+		vmID = seed | 1
 	}
 	return types.OnVMStartStatusOK
 }

@@ -17,7 +17,9 @@ type pluginContext struct {
 	routes  map[string]routing.API
 	owned   []string // owned header names, stripped from every request
 
-	lastSweep int64
+	lastSweep   int64
+	lastScrape  int64
+	scrapeLease *routing.ScrapeLease
 }
 
 // nowMS is the clock of the filter; Envoy serves it through WASI's clock.
@@ -41,6 +43,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	p.cfg = cfg
 	p.router = routing.NewRouter(&p.cfg, sharedStore{}, func() int64 { return nowMS() })
 	p.metrics = defineMetrics(p.router.DecodeTargets())
+	p.scrapeLease = routing.NewScrapeLease(sharedStore{}, cfg.State.Namespace, cfg.State.MaxCASRetries)
 	p.routes = map[string]routing.API{}
 	for _, r := range cfg.Routes {
 		p.routes[r] = routing.APIForPath(r)
@@ -74,6 +77,7 @@ func (p *pluginContext) OnTick() {
 		}
 	}
 	now := nowMS()
+	p.scrapeEngines(now)
 	if now-p.lastSweep < p.cfg.State.LeaseMS/8 {
 		return
 	}

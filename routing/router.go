@@ -30,6 +30,12 @@ type poolState struct {
 	cursor     *Cursor
 	index      *PrefixIndex
 	conv       *ConversationTable
+	engine     *EngineBoard // nil unless engine_metrics.enabled
+
+	// engineFigures is the board as last read, with when (a VM reads it at most every
+	// engineReadMS: figures change once per scrape).
+	engineFigures map[uint64]EngineFigures
+	engineReadAt  int64
 	byID32     map[uint32]int // low 32 bits of a target id → index, as the prefix index keeps them
 }
 
@@ -49,6 +55,11 @@ func NewRouter(cfg *Config, store Store, now func() int64) *Router {
 		}
 		for i, t := range ps.targets.Targets {
 			ps.byID32[prefixTargetID(t.ID)] = i
+		}
+		if cfg.EngineMetrics.Enabled {
+			ps.engine = NewEngineBoard(store, ns, name, cfg.EngineMetrics.StaleMS, retries)
+			ps.engineFigures = map[uint64]EngineFigures{}
+			ps.engineReadAt = -engineReadMS
 		}
 		for _, e := range p.Endpoints {
 			ps.endpointFP = append(ps.endpointFP, FingerprintString(e.Address))
@@ -106,11 +117,83 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	}
 	for _, i := range v.eligible {
 		v.loads[i] = snap[ts[i].ID]
+	}
+	if p.engine != nil {
+		r.addEngineLoad(p, v, nowMS)
+	}
+	for _, i := range v.eligible {
 		v.total.Requests += v.loads[i].Requests
 		v.total.Tokens += v.loads[i].Tokens
 	}
 	v.cap = fairShareCap(r.cfg.Balance.FairShareMultiplier, v.total.Requests, len(v.eligible))
 	return v, nil
+}
+
+// engineReadMS is how often a VM re-reads the engine board.
+const engineReadMS = 100
+
+// addEngineLoad applies SPEC §5.9: while a target's engine figures are fresh, its load
+// is the larger of the ledger's and the engine's running + waiting requests. Engines
+// report requests, not tokens; the extra requests are counted at the tokens per
+// request of the ledger's own (the target's, else the pool's), so the token-based cost
+// sees them too. A board that cannot be read leaves the ledger's figures.
+func (r *Router) addEngineLoad(p *poolState, v *poolView, nowMS int64) {
+	if nowMS-p.engineReadAt >= engineReadMS || nowMS < p.engineReadAt {
+		if err := p.engine.ReadInto(p.engineFigures, nowMS, r.cfg.EngineMetrics.StaleMS); err != nil {
+			clear(p.engineFigures)
+		}
+		p.engineReadAt = nowMS
+	}
+	if len(p.engineFigures) == 0 {
+		return
+	}
+	var poolReq, poolTok int64
+	for _, i := range v.eligible {
+		poolReq += v.loads[i].Requests
+		poolTok += v.loads[i].Tokens
+	}
+	ts := p.targets.Targets
+	for _, i := range v.eligible {
+		f, ok := p.engineFigures[ts[i].ID]
+		if !ok {
+			continue
+		}
+		engine := int64(math.Round(f.Running + f.Waiting))
+		l := &v.loads[i]
+		if engine <= l.Requests {
+			continue
+		}
+		perRequest := int64(0)
+		switch {
+		case l.Requests > 0:
+			perRequest = l.Tokens / l.Requests
+		case poolReq > 0:
+			perRequest = poolTok / poolReq
+		}
+		l.Tokens += (engine - l.Requests) * perRequest
+		l.Requests = engine
+	}
+}
+
+// PublishEngineFigures stores a scrape of one endpoint: figures per DP rank.
+func (r *Router) PublishEngineFigures(prefill bool, address string, byRank map[int]EngineFigures) error {
+	p := r.decode
+	if prefill {
+		p = r.prefill
+	}
+	if p.engine == nil {
+		return nil
+	}
+	figures := make(map[uint64]EngineFigures, len(byRank))
+	for rank, f := range byRank {
+		id := TargetID(address, rank)
+		if p.targets.Index(id) >= 0 {
+			figures[id] = f
+		}
+	}
+	err := p.engine.Publish(r.now(), figures)
+	p.engineReadAt = -engineReadMS // read our own scrape back at the next decision
+	return err
 }
 
 // fairShareCap is SPEC §5.3: max(1, ceil(m × ceil((active+1)/n))).

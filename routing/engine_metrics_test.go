@@ -1,0 +1,481 @@
+package routing
+
+import (
+	"errors"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestEngineMetricsVLLMDataParallel(t *testing.T) {
+	page := readEngineTestdata(t, "vllm.txt")
+	got, err := ParseEngineMetrics(FlavorVLLM, page, 2)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{
+		0: {Running: 5, Waiting: 4, KVUsage: 0.72},
+		1: {Running: 3, Waiting: 2, KVUsage: 0.64},
+	}, got)
+
+	// The same server configured as one target (dp_size 1): vLLM balances its engines
+	// itself, and the target's load is the sum.
+	got, err = ParseEngineMetrics(FlavorVLLM, page, 1)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 8, Waiting: 6, KVUsage: 0.72}}, got)
+
+	// More ranks configured than the page reports: only the reported ranks have figures.
+	got, err = ParseEngineMetrics(FlavorVLLM, page, 4)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+
+	// Fewer: engine 1 cannot be attributed and is left out.
+	got, err = ParseEngineMetrics(FlavorVLLM, []byte(`vllm:num_requests_running{engine="1",model_name="m"} 3
+vllm:num_requests_running{engine="0",model_name="m"} 1
+vllm:num_requests_running{engine="x",model_name="m"} 9
+`), 1)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 13}}, got, "dp_size 1 counts every engine, labelled or not a number")
+	got, err = ParseEngineMetrics(FlavorVLLM, []byte(`vllm:num_requests_running{engine="2",model_name="m"} 3
+vllm:num_requests_running{engine="0",model_name="m"} 1
+vllm:num_requests_running{engine="x",model_name="m"} 9
+`), 2)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 1}}, got)
+}
+
+func TestEngineMetricsVLLMDocsAndLegacyNames(t *testing.T) {
+	got, err := ParseEngineMetrics(FlavorVLLM, readEngineTestdata(t, "vllm_docs.txt"), 1)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 8}}, got)
+
+	// vLLM < 0.9 (and V0) has only vllm:gpu_cache_usage_perc and no engine label.
+	legacy := `# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="m"} 0.5
+vllm:num_requests_running{model_name="m"} 2.0
+vllm:num_requests_waiting{model_name="m"} 1.0
+`
+	got, err = ParseEngineMetrics(FlavorVLLM, []byte(legacy), 1)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 2, Waiting: 1, KVUsage: 0.5}}, got)
+
+	// vLLM 0.9–0.10 export both: the current name wins, wherever it appears.
+	both := `vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.9
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:gpu_cache_usage_perc{engine="1",model_name="m"} 0.75
+vllm:num_requests_running{engine="1",model_name="m"} 1
+`
+	got, err = ParseEngineMetrics(FlavorVLLM, []byte(both), 2)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {KVUsage: 0.25}, 1: {Running: 1, KVUsage: 0.75}}, got)
+}
+
+func TestEngineMetricsModelsAndUnlabelledSeries(t *testing.T) {
+	// Two models on one server: requests add up, KV usage is the fullest cache.
+	page := `vllm:num_requests_running{engine="0",model_name="a"} 2
+vllm:num_requests_running{engine="0",model_name="b"} 3
+vllm:num_requests_waiting{engine="0",model_name="a"} 1
+vllm:kv_cache_usage_perc{engine="0",model_name="a"} 0.2
+vllm:kv_cache_usage_perc{engine="0",model_name="b"} 0.6
+vllm:num_requests_running{engine="0",model_name="a\"b"} 10
+`
+	got, err := ParseEngineMetrics(FlavorVLLM, []byte(page), 1)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 15, Waiting: 1, KVUsage: 0.6}}, got)
+
+	// No rank label on a dp_size 4 endpoint: spread evenly, KV usage as it is.
+	got, err = ParseEngineMetrics(FlavorVLLM, []byte("vllm:num_requests_running 8\nvllm:num_requests_waiting 4\nvllm:kv_cache_usage_perc 0.5\n"), 4)
+	require.NoError(t, err)
+	for r := 0; r < 4; r++ {
+		require.Equal(t, EngineFigures{Running: 2, Waiting: 1, KVUsage: 0.5}, got[r])
+	}
+
+	// NaN, infinite and negative values are left out; other engines' names ignored.
+	got, err = ParseEngineMetrics(FlavorVLLM, []byte(`vllm:num_requests_running{engine="0"} NaN
+vllm:num_requests_running{engine="0",model_name="z"} -1
+vllm:num_requests_waiting{engine="0"} +Inf
+vllm:num_requests_waiting{engine="0",model_name="y"} 2
+sglang:num_running_reqs{dp_rank="0"} 50
+vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 9
+`), 1)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {Waiting: 2}}, got)
+}
+
+func TestEngineMetricsSGLang(t *testing.T) {
+	got, err := ParseEngineMetrics(FlavorSGLang, readEngineTestdata(t, "sglang.txt"), 1)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 162, Waiting: 2826, KVUsage: 0.28}}, got)
+
+	// DP attention, labels as SGLang's init_metrics builds them (model_name, engine_type,
+	// tp_rank, pp_rank, dp_rank): the TP schedulers of one DP rank report the same queue
+	// and must not be added up.
+	dp := `# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="glm",engine_type="unified",tp_rank="0",pp_rank="0",dp_rank="0"} 2.0
+sglang:num_running_reqs{model_name="glm",engine_type="unified",tp_rank="1",pp_rank="0",dp_rank="0"} 2.0
+sglang:num_running_reqs{model_name="glm",engine_type="unified",tp_rank="2",pp_rank="0",dp_rank="1"} 0.0
+sglang:num_running_reqs{model_name="glm",engine_type="unified",tp_rank="3",pp_rank="0",dp_rank="1"} 0.0
+sglang:num_queue_reqs{model_name="glm",engine_type="unified",tp_rank="0",pp_rank="0",dp_rank="0"} 1.0
+sglang:num_queue_reqs{model_name="glm",engine_type="unified",tp_rank="2",pp_rank="0",dp_rank="1"} 7.0
+sglang:token_usage{model_name="glm",engine_type="unified",tp_rank="0",pp_rank="0",dp_rank="0"} 0.31
+sglang:token_usage{model_name="glm",engine_type="unified",tp_rank="1",pp_rank="0",dp_rank="0"} 0.33
+sglang:token_usage{model_name="glm",engine_type="unified",tp_rank="2",pp_rank="0",dp_rank="1"} 0.05
+`
+	got, err = ParseEngineMetrics(FlavorSGLang, []byte(dp), 2)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{
+		0: {Running: 2, Waiting: 1, KVUsage: 0.33},
+		1: {Running: 0, Waiting: 7, KVUsage: 0.05},
+	}, got)
+	got, err = ParseEngineMetrics(FlavorSGLang, []byte(dp), 1)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 2, Waiting: 8, KVUsage: 0.33}}, got)
+}
+
+func TestEngineMetricsTRTLLM(t *testing.T) {
+	got, err := ParseEngineMetrics(FlavorTRTLLM, readEngineTestdata(t, "trtllm.txt"), 1)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 12, Waiting: 3, KVUsage: 0.4375}}, got)
+
+	// TensorRT-LLM 1.1 exports no load gauges: no figures, and the caller keeps none.
+	_, err = ParseEngineMetrics(FlavorTRTLLM, readEngineTestdata(t, "trtllm_1.1.txt"), 1)
+	require.ErrorIs(t, err, ErrNoEngineFigures)
+
+	// No rank label: a dp_size 2 (attention DP) endpoint gets half on each rank.
+	got, err = ParseEngineMetrics(FlavorTRTLLM, readEngineTestdata(t, "trtllm.txt"), 2)
+	require.NoError(t, err)
+	require.Equal(t, EngineFigures{Running: 6, Waiting: 1.5, KVUsage: 0.4375}, got[1])
+}
+
+func TestEngineMetricsErrors(t *testing.T) {
+	_, err := ParseEngineMetrics("tgi", []byte("x 1\n"), 1)
+	require.ErrorIs(t, err, ErrUnknownFlavor)
+	_, err = ParseEngineMetrics(FlavorVLLM, []byte("vllm:num_requests_running{engine=\"0\" 1\n"), 1)
+	require.ErrorIs(t, err, ErrPromText)
+	_, err = ParseEngineMetrics(FlavorVLLM, []byte("<html>502 Bad Gateway</html>"), 1)
+	require.ErrorIs(t, err, ErrPromText)
+	_, err = ParseEngineMetrics(FlavorVLLM, readEngineTestdata(t, "sglang.txt"), 1)
+	require.ErrorIs(t, err, ErrNoEngineFigures, "the wrong flavor finds nothing")
+	_, err = ParseEngineMetrics(FlavorVLLM, nil, 1)
+	require.ErrorIs(t, err, ErrNoEngineFigures)
+	got, err := ParseEngineMetrics(FlavorVLLM, readEngineTestdata(t, "vllm.txt"), 0)
+	require.NoError(t, err, "dp_size 0 reads as 1")
+	require.Len(t, got, 1)
+}
+
+func TestEngineBoardPublishRead(t *testing.T) {
+	s := NewMemoryStore()
+	b := NewEngineBoard(s, "ns", "decode", 5000, 8)
+	got, err := b.Read(0, 5000)
+	require.NoError(t, err)
+	require.Empty(t, got)
+
+	a, c := TargetID("10.0.0.1:8000", 0), TargetID("10.0.0.1:8000", 1)
+	require.NoError(t, b.Publish(1000, map[uint64]EngineFigures{
+		a: {Running: 5, Waiting: 4, KVUsage: 0.72},
+		c: {Running: 3, Waiting: 2, KVUsage: 0.5},
+	}))
+	got, err = b.Read(1500, 5000)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	require.Equal(t, 5.0, got[a].Running)
+	require.Equal(t, 4.0, got[a].Waiting)
+	require.InDelta(t, 0.72, got[a].KVUsage, 1e-6, "stored as float32")
+	require.Equal(t, EngineFigures{Running: 3, Waiting: 2, KVUsage: 0.5}, got[c])
+
+	// The key is <namespace>/engine/<pool>, format byte first.
+	v, _, err := s.Get("ns/engine/decode")
+	require.NoError(t, err)
+	require.Equal(t, byte(engineBoardFormat), v[0])
+	require.Len(t, v, 1+2*engineBoardEntrySize)
+
+	// Staleness: figures younger than staleMS only.
+	got, err = b.Read(5999, 5000)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	got, err = b.Read(6000, 5000)
+	require.NoError(t, err)
+	require.Empty(t, got)
+
+	// ReadInto reuses and clears the map.
+	dst := map[uint64]EngineFigures{42: {}}
+	require.NoError(t, b.ReadInto(dst, 1000, 5000))
+	require.Len(t, dst, 2)
+	require.NotContains(t, dst, uint64(42))
+
+	// A different pool is a different key.
+	got, err = NewEngineBoard(s, "ns", "prefill", 5000, 8).Read(1000, 5000)
+	require.NoError(t, err)
+	require.Empty(t, got)
+}
+
+func TestEngineBoardPartialPublishKeepsOldFigures(t *testing.T) {
+	s := NewMemoryStore()
+	b := NewEngineBoard(s, "kvroute", "decode", 5000, 8)
+	require.NoError(t, b.Publish(1000, map[uint64]EngineFigures{1: {Running: 1}, 2: {Running: 2}, 3: {Running: 3}}))
+	// Endpoint of target 2 failed to scrape at 3000: only 1 and 3 are fresh.
+	require.NoError(t, b.Publish(3000, map[uint64]EngineFigures{1: {Running: 10}, 3: {Running: 30}}))
+	got, err := b.Read(4000, 5000)
+	require.NoError(t, err)
+	require.Equal(t, map[uint64]EngineFigures{1: {Running: 10}, 2: {Running: 2}, 3: {Running: 30}}, got,
+		"target 2 keeps its old figures while they are fresh")
+	// ... and they age out on their own clock.
+	got, err = b.Read(6500, 5000)
+	require.NoError(t, err)
+	require.Equal(t, map[uint64]EngineFigures{1: {Running: 10}, 3: {Running: 30}}, got)
+
+	// An empty publish (every scrape failed) writes nothing.
+	_, cas1, _ := s.Get("kvroute/engine/decode")
+	require.NoError(t, b.Publish(7000, nil))
+	_, cas2, _ := s.Get("kvroute/engine/decode")
+	require.Equal(t, cas1, cas2)
+
+	// Entries older than keepMS are dropped from the value when it is next written.
+	require.NoError(t, b.Publish(7500, map[uint64]EngineFigures{1: {Running: 11}}))
+	v, _, _ := s.Get("kvroute/engine/decode")
+	require.Len(t, v, 1+2*engineBoardEntrySize, "target 2 (taken at 1000) is gone, 3 (3000) stays")
+	got, err = b.Read(7500, 1<<40)
+	require.NoError(t, err)
+	require.Equal(t, map[uint64]EngineFigures{1: {Running: 11}, 3: {Running: 30}}, got)
+}
+
+func TestEngineBoardUnknownFormatStartsAfresh(t *testing.T) {
+	for what, v := range map[string][]byte{
+		"other format": append([]byte{9}, make([]byte, engineBoardEntrySize)...),
+		"torn":         append([]byte{engineBoardFormat}, make([]byte, engineBoardEntrySize-3)...),
+		"empty":        {},
+	} {
+		t.Run(what, func(t *testing.T) {
+			s := NewMemoryStore()
+			require.NoError(t, s.Set("kvroute/engine/decode", v, 0))
+			b := NewEngineBoard(s, "kvroute", "decode", 5000, 8)
+			got, err := b.Read(0, 5000)
+			require.NoError(t, err)
+			require.Empty(t, got)
+			require.NoError(t, b.Publish(100, map[uint64]EngineFigures{7: {Waiting: 3}}))
+			got, err = b.Read(100, 5000)
+			require.NoError(t, err)
+			require.Equal(t, map[uint64]EngineFigures{7: {Waiting: 3}}, got)
+			raw, _, _ := s.Get("kvroute/engine/decode")
+			require.Len(t, raw, 1+engineBoardEntrySize)
+		})
+	}
+}
+
+// brokenStore fails every Get and/or Set with a host error, or every Set with a CAS
+// mismatch (another VM always wins).
+type brokenStore struct {
+	*MemoryStore
+	getErr, setErr error
+}
+
+func (s brokenStore) Get(key string) ([]byte, uint32, error) {
+	if s.getErr != nil {
+		return nil, 0, s.getErr
+	}
+	return s.MemoryStore.Get(key)
+}
+
+func (s brokenStore) Set(key string, v []byte, cas uint32) error {
+	if s.setErr != nil {
+		return s.setErr
+	}
+	return s.MemoryStore.Set(key, v, cas)
+}
+
+func TestEngineBoardStoreErrors(t *testing.T) {
+	ms := NewMemoryStore()
+	require.NoError(t, NewEngineBoard(ms, "kvroute", "decode", 5000, 2).Publish(1, map[uint64]EngineFigures{1: {Running: 1}}))
+	hostDown := errors.New("host down")
+	b := NewEngineBoard(brokenStore{MemoryStore: ms, getErr: hostDown}, "kvroute", "decode", 5000, 2)
+	_, err := b.Read(1, 5000)
+	require.ErrorIs(t, err, hostDown)
+	require.ErrorIs(t, b.Publish(2, map[uint64]EngineFigures{1: {Running: 2}}), hostDown)
+	b = NewEngineBoard(brokenStore{MemoryStore: ms, setErr: ErrCASMismatch}, "kvroute", "decode", 5000, 2)
+	require.ErrorIs(t, b.Publish(2, map[uint64]EngineFigures{1: {Running: 2}}), ErrStateConflict)
+	got, err := b.Read(2, 5000)
+	require.NoError(t, err)
+	require.Equal(t, map[uint64]EngineFigures{1: {Running: 1}}, got, "a failed publish changes nothing")
+}
+
+// Concurrent publishers of disjoint targets (VMs that each scraped some endpoints)
+// never lose each other's figures.
+func TestEngineBoardConcurrentPublish(t *testing.T) {
+	s := NewMemoryStore()
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			b := NewEngineBoard(s, "kvroute", "decode", 1<<40, 1000)
+			for i := 0; i < 50; i++ {
+				require.NoError(t, b.Publish(int64(i), map[uint64]EngineFigures{uint64(w): {Running: float64(i)}}))
+			}
+		}(w)
+	}
+	wg.Wait()
+	got, err := NewEngineBoard(s, "kvroute", "decode", 0, 8).Read(49, 1<<40)
+	require.NoError(t, err)
+	require.Len(t, got, 8)
+	for w := uint64(0); w < 8; w++ {
+		require.Equal(t, 49.0, got[w].Running)
+	}
+}
+
+func TestScrapeLeaseHolderRenewalExpiry(t *testing.T) {
+	s := NewMemoryStore()
+	l := NewScrapeLease(s, "ns", 8)
+	ok, err := l.TryAcquire(1, 1000, 3000)
+	require.NoError(t, err)
+	require.True(t, ok, "a free lease is taken")
+	v, _, err := s.Get("ns/engine/lease")
+	require.NoError(t, err)
+	require.Len(t, v, scrapeLeaseSize)
+	require.Equal(t, byte(scrapeLeaseFormat), v[0])
+
+	ok, err = l.TryAcquire(2, 2000, 3000)
+	require.NoError(t, err)
+	require.False(t, ok, "another VM waits while the lease is held")
+
+	ok, err = l.TryAcquire(1, 3500, 3000)
+	require.NoError(t, err)
+	require.True(t, ok, "the holder renews (until 6500)")
+	ok, err = l.TryAcquire(2, 6499, 3000)
+	require.NoError(t, err)
+	require.False(t, ok, "renewal moved the expiry")
+
+	ok, err = l.TryAcquire(2, 6500, 3000)
+	require.NoError(t, err)
+	require.True(t, ok, "an expired lease is taken over")
+	ok, err = l.TryAcquire(1, 6600, 3000)
+	require.NoError(t, err)
+	require.False(t, ok, "the old holder lost it")
+
+	// A holder whose own lease expired untouched takes it back like anyone.
+	ok, err = l.TryAcquire(2, 20000, 3000)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	// leaseMS <= 0 still excludes others for at least a millisecond.
+	ok, err = l.TryAcquire(3, 30000, 0)
+	require.NoError(t, err)
+	require.True(t, ok)
+	ok, err = l.TryAcquire(4, 30000, 0)
+	require.NoError(t, err)
+	require.False(t, ok)
+}
+
+func TestScrapeLeaseUnknownFormatIsFree(t *testing.T) {
+	s := NewMemoryStore()
+	require.NoError(t, s.Set("kvroute/engine/lease", []byte{7, 1, 2, 3}, 0))
+	ok, err := NewScrapeLease(s, "kvroute", 8).TryAcquire(5, 0, 1000)
+	require.NoError(t, err)
+	require.True(t, ok)
+}
+
+func TestScrapeLeaseStoreErrors(t *testing.T) {
+	hostDown := errors.New("host down")
+	for _, bs := range []brokenStore{
+		{MemoryStore: NewMemoryStore(), getErr: hostDown},
+		{MemoryStore: NewMemoryStore(), setErr: hostDown},
+		{MemoryStore: NewMemoryStore(), setErr: ErrCASMismatch},
+	} {
+		ok, err := NewScrapeLease(bs, "kvroute", 2).TryAcquire(1, 0, 1000)
+		require.Error(t, err)
+		require.False(t, ok, "no lease without a committed write")
+	}
+}
+
+// leaseLog is a Store that records every successful write of the lease key in commit
+// order (its own mutex serialises Set and the record).
+type leaseLog struct {
+	mu      sync.Mutex
+	inner   *MemoryStore
+	commits [][]byte
+}
+
+func (s *leaseLog) Get(key string) ([]byte, uint32, error) { return s.inner.Get(key) }
+
+func (s *leaseLog) Set(key string, value []byte, cas uint32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := s.inner.Set(key, value, cas)
+	if err == nil {
+		s.commits = append(s.commits, append([]byte(nil), value...))
+	}
+	return err
+}
+
+// Many VMs contend for the lease on a shared clock. Whatever the interleaving, the
+// committed history never hands an unexpired lease to another VM (at most one holder
+// at any time), every TryAcquire that said yes is backed by its own commit, and the
+// lease does change hands once it expires.
+func TestScrapeLeaseContention(t *testing.T) {
+	const (
+		vms     = 16
+		tries   = 300
+		leaseMS = 40
+	)
+	s := &leaseLog{inner: NewMemoryStore()}
+	var clock atomic.Int64
+	var granted [vms]atomic.Int64
+	var conflicts atomic.Int64
+	var wg sync.WaitGroup
+	for vm := 0; vm < vms; vm++ {
+		wg.Add(1)
+		go func(vm int) {
+			defer wg.Done()
+			l := NewScrapeLease(s, "kvroute", 4)
+			for i := 0; i < tries; i++ {
+				now := clock.Add(1)
+				ok, err := l.TryAcquire(uint64(vm+1), now, leaseMS)
+				if errors.Is(err, ErrStateConflict) {
+					conflicts.Add(1)
+					continue
+				}
+				require.NoError(t, err)
+				if ok {
+					granted[vm].Add(1)
+				}
+			}
+		}(vm)
+	}
+	wg.Wait()
+
+	commitsBy := map[uint64]int64{}
+	var holder uint64
+	var expires int64
+	for i, c := range s.commits {
+		require.Len(t, c, scrapeLeaseSize)
+		h := leUint64(c[1:])
+		exp := int64(leUint64(c[9:]))
+		now := exp - leaseMS
+		if i > 0 && h != holder {
+			require.GreaterOrEqualf(t, now, expires,
+				"commit %d: VM %d took the lease at %d while VM %d held it until %d", i, h, now, holder, expires)
+		}
+		holder, expires = h, exp
+		commitsBy[h]++
+	}
+	var holders []uint64
+	for vm := 0; vm < vms; vm++ {
+		require.Equal(t, granted[vm].Load(), commitsBy[uint64(vm+1)], "VM %d: grants and commits", vm+1)
+		if commitsBy[uint64(vm+1)] > 0 {
+			holders = append(holders, uint64(vm+1))
+		}
+	}
+	sort.Slice(holders, func(i, j int) bool { return holders[i] < holders[j] })
+	require.NotEmpty(t, holders)
+	t.Logf("%d commits, holders %v, %d tries ended in a state conflict", len(s.commits), holders, conflicts.Load())
+}
+
+func leUint64(b []byte) uint64 {
+	var v uint64
+	for i := 7; i >= 0; i-- {
+		v = v<<8 | uint64(b[i])
+	}
+	return v
+}
