@@ -56,7 +56,8 @@ func vm(tb testing.TB, name string) types.VMContext {
 // holds a process-wide lock).
 type emulator struct {
 	proxytest.HostEmulator
-	close func()
+	close    func()
+	requests int
 }
 
 func start(tb testing.TB, name, config string) *emulator {
@@ -69,11 +70,13 @@ func start(tb testing.TB, name, config string) *emulator {
 	return &emulator{HostEmulator: h, close: reset}
 }
 
-// exchange runs one request through every phase and ends it.
+// exchange runs one request through every phase and ends it. Like Envoy, it gives
+// every request an x-request-id.
 func (e *emulator) exchange(path string, body []byte, extra ...[2]string) {
 	id := e.InitializeHttpContext()
+	e.requests++
 	hs := append([][2]string{{":method", "POST"}, {":path", path}, {":authority", "gw"},
-		{"content-length", strconv.Itoa(len(body))}}, extra...)
+		{"content-length", strconv.Itoa(len(body))}, {"x-request-id", "req-" + strconv.Itoa(e.requests)}}, extra...)
 	if e.CallOnRequestHeaders(id, hs, false) == types.ActionPause {
 		e.CallOnRequestBody(id, body, true)
 	}

@@ -138,6 +138,9 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 		if cfg.Conversation.Enabled {
 			opt.BodyFields = cfg.Conversation.BodyFields
 		}
+		// The VM decides one request at a time: one prompt buffer serves them all.
+		c.req.Prompt = p.promptBuf[:0]
+		defer func() { p.promptBuf, c.req.Prompt = c.req.Prompt[:0], nil }()
 		if err := routing.Extract(c.api, body, opt, &c.req); err != nil {
 			// Fail open: Extract left no prompt, so this routes by load alone, and the
 			// body is forwarded untouched.
@@ -148,7 +151,9 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 	case c.requestID != "":
 		c.req.Identity = routing.FingerprintString(c.requestID)
 	case body != nil:
-		c.req.Identity = routing.Fingerprint(body)
+		// Envoy gives every request an x-request-id; without one, the body's head and
+		// length seed the tie-break well enough, at a bounded cost.
+		c.req.Identity = routing.Fingerprint(body[:min(len(body), 4096)]) ^ uint64(len(body))*0x9e3779b97f4a7c15
 	default:
 		c.req.Identity = c.req.Conversation
 	}

@@ -17,6 +17,7 @@ type pluginContext struct {
 	routes  map[string]routing.API
 	owned   []string // owned header names, stripped from every request
 
+	promptBuf   []byte // the canonical prompt of the request being decided
 	lastSweep   int64
 	lastScrape  int64
 	scrapeLease *routing.ScrapeLease

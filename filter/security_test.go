@@ -396,7 +396,7 @@ func TestDeeplyNestedAndHugeJSON(t *testing.T) {
 		body     string
 		parseErr bool
 	}{
-		"100k nested arrays as messages":   {`{"model":"m","messages":` + arrays + `}`, true},
+		"100k nested arrays as messages": {`{"model":"m","messages":` + arrays + `}`, true},
 		// Nesting deeper than routing's bound (256) anywhere fails open: routed by load.
 		"100k nested arrays beside":        {`{"model":"m","x":` + arrays + `,"messages":[` + msg + `]}`, true},
 		"100k nested objects beside":       {`{"x":` + objects + `,"prompt_cache_key":"k","messages":[` + msg + `]}`, true},
