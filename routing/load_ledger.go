@@ -150,6 +150,40 @@ func encodeLedger(entries []ledgerEntry) []byte {
 	return out
 }
 
+// LoadsInto reads the ledger and adds each target's live load to dst[index(id)], for
+// targets index knows (index returns -1 for others), without allocating.
+func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) error {
+	v, cas, err := l.store.Get(l.key)
+	if err == ErrNotFound {
+		l.cached, l.cachedCAS = nil, 0
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	l.cached, l.cachedCAS = v, cas
+	if len(v) < 1 || v[0] != ledgerFormat {
+		return nil
+	}
+	oldest := l.oldestLiveEpoch(nowMS)
+	for v = v[1:]; len(v) >= ledgerTargetHeader; {
+		i := index(binary.LittleEndian.Uint64(v))
+		n := int(v[8])
+		v = v[ledgerTargetHeader:]
+		if len(v) < n*ledgerSlotBytes {
+			return nil
+		}
+		for ; n > 0; n-- {
+			if i >= 0 && int64(binary.LittleEndian.Uint64(v)) > oldest {
+				dst[i].Requests += int64(binary.LittleEndian.Uint32(v[8:]))
+				dst[i].Tokens += int64(binary.LittleEndian.Uint64(v[12:]))
+			}
+			v = v[ledgerSlotBytes:]
+		}
+	}
+	return nil
+}
+
 // Snapshot returns the live load of every target that has any.
 func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 	v, cas, err := l.store.Get(l.key)

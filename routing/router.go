@@ -36,6 +36,11 @@ type poolState struct {
 	// engineReadMS: figures change once per scrape).
 	engineFigures map[uint64]EngineFigures
 	engineReadAt  int64
+
+	view         poolView // reused by every decision
+	viewLoads    []Load
+	viewEligible []int
+	candBuf      []int
 	byID32     map[uint32]int // low 32 bits of a target id → index, as the prefix index keeps them
 }
 
@@ -56,6 +61,9 @@ func NewRouter(cfg *Config, store Store, now func() int64) *Router {
 		for i, t := range ps.targets.Targets {
 			ps.byID32[prefixTargetID(t.ID)] = i
 		}
+		ps.viewLoads = make([]Load, len(ps.targets.Targets))
+		ps.viewEligible = make([]int, 0, len(ps.targets.Targets))
+		ps.candBuf = make([]int, 0, len(ps.targets.Targets))
 		if cfg.EngineMetrics.Enabled {
 			ps.engine = NewEngineBoard(store, ns, name, cfg.EngineMetrics.StaleMS, retries)
 			ps.engineFigures = map[uint64]EngineFigures{}
@@ -96,12 +104,14 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	if err != nil {
 		return nil, err
 	}
-	snap, err := p.ledger.Snapshot(nowMS)
-	if err != nil {
+	ts := p.targets.Targets
+	// A VM decides one request at a time: the pool's view reuses its buffers.
+	v := &p.view
+	*v = poolView{pool: p, loads: p.viewLoads, eligible: p.viewEligible[:0]}
+	clear(v.loads)
+	if err := p.ledger.LoadsInto(nowMS, p.targets.Index, v.loads); err != nil {
 		return nil, err
 	}
-	ts := p.targets.Targets
-	v := &poolView{pool: p, loads: make([]Load, len(ts)), eligible: make([]int, 0, len(ts))}
 	rankOK := func(t *Target) bool { return rank == NoRank || t.Rank == rank }
 	for i := range ts {
 		if rankOK(&ts[i]) && !ejected[p.endpointFP[ts[i].Endpoint]] {
@@ -114,9 +124,6 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 				v.eligible = append(v.eligible, i)
 			}
 		}
-	}
-	for _, i := range v.eligible {
-		v.loads[i] = snap[ts[i].ID]
 	}
 	if p.engine != nil {
 		r.addEngineLoad(p, v, nowMS)
@@ -228,7 +235,7 @@ func (v *poolView) position(id uint64) int {
 // candidates are the eligible targets under the cap, or every eligible target when
 // all are at it (capped reports that case: then the least loaded wins).
 func (v *poolView) candidates() (out []int, capped bool) {
-	out = make([]int, 0, len(v.eligible))
+	out = v.pool.candBuf[:0]
 	for _, i := range v.eligible {
 		if !v.atCap(i) {
 			out = append(out, i)
