@@ -3,7 +3,7 @@ GO        ?= go
 WASM      := build/kvroute.wasm
 WASM_SRC  := $(shell find filter routing -name '*.go' -not -name '*_test.go') go.mod go.sum
 
-.PHONY: all build demo samples test bench fuzz clean
+.PHONY: all build demo samples test bench fuzz clean image
 
 all: build
 
@@ -27,8 +27,18 @@ samples: build
 test: build
 	$(GO) vet ./...
 	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -race -run 'Concurrency|NoLostUpdates|Lease|Board' ./routing
+	cd deploy/tools && $(GO) vet -mod=mod ./... && $(GO) test -mod=mod -count=1 ./...
+
+# The plugin as an OCI image in the layout Istio pulls (WasmPlugin url: oci://...), built
+# without a container daemon: build/oci is an OCI image layout; PUSH=<registry>/<repo>:<tag>
+# also pushes it (credentials from the Docker config).
+image: build
+	cd deploy/tools && $(GO) run -mod=mod ./cmd/kvroute-image -wasm ../../$(WASM) -layout ../../build/oci $(if $(PUSH),-push $(PUSH))
 
 bench: build
+	@mkdir -p build
+	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o build/floor.wasm ./bench/floorfilter
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
 clean:

@@ -13,13 +13,18 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
@@ -74,6 +79,36 @@ func Build(wasm []byte, annotations map[string]string) (v1.Image, error) {
 		img = a
 	}
 	return img, nil
+}
+
+// WriteLayout writes img as the only image of an OCI image layout at dir (created if
+// needed; an index already there is replaced), named refName in the index.
+func WriteLayout(dir string, img v1.Image, refName string) error {
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return err
+	}
+	return p.AppendImage(img, layout.WithAnnotations(map[string]string{
+		"org.opencontainers.image.ref.name": refName,
+	}))
+}
+
+// Push uploads img to a registry reference such as ghcr.io/you/kvroute:0.1.0, with the
+// credentials of the local Docker config (docker login, crane auth login, …). insecure
+// allows a plain-HTTP registry.
+func Push(ctx context.Context, ref string, img v1.Image, insecure bool) (v1.Hash, error) {
+	var opts []name.Option
+	if insecure {
+		opts = append(opts, name.Insecure)
+	}
+	r, err := name.ParseReference(ref, opts...)
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	if err := remote.Write(r, img, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+		return v1.Hash{}, err
+	}
+	return img.Digest()
 }
 
 // LayerArchive is the layer's content: a gzip-compressed tar holding only

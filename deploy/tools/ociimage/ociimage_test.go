@@ -13,7 +13,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -193,5 +192,4 @@ func TestLayout(t *testing.T) {
 	if im, _ := idx.IndexManifest(); len(im.Manifests) != 1 {
 		t.Fatalf("rewriting the layout left %d images", len(im.Manifests))
 	}
-	_ = empty.Index
 }

@@ -15,7 +15,7 @@ import (
 
 // Result is what checking a set of files found.
 type Result struct {
-	Files          []string         // every YAML file checked
+	Files          []string // every YAML file checked
 	Bootstraps     map[string][]routing.Config
 	Kustomizations map[string][]routing.Config // rendered kustomization dir → plugin configs
 	Docs           int

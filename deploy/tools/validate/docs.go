@@ -51,7 +51,7 @@ func SplitDocs(source string, data []byte) ([]Doc, error) {
 			continue
 		}
 		src := source
-		if i > 0 || bytes.Contains(data, []byte("\n---")) {
+		if bytes.HasPrefix(data, []byte("---")) || bytes.Contains(data, []byte("\n---")) {
 			src = fmt.Sprintf("%s[doc %d]", source, i)
 		}
 		js, err := yaml.YAMLToJSONStrict(raw)

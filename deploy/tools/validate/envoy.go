@@ -3,7 +3,6 @@ package validate
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"regexp"
 	"sort"
@@ -456,14 +455,4 @@ func fmtTags(t map[string]string) string {
 		parts = append(parts, fmt.Sprintf("%s=%q", k, t[k]))
 	}
 	return "{" + strings.Join(parts, ",") + "}"
-}
-
-// hostPortIsIP reports whether a host:port names an IP literal.
-func hostPortIsIP(hp string) bool {
-	h, _, err := net.SplitHostPort(hp)
-	if err != nil {
-		return false
-	}
-	_, err = netip.ParseAddr(h)
-	return err == nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -290,5 +289,3 @@ func pluginConfigJSON(wp *extensionsv1alpha1.WasmPlugin) ([]byte, error) {
 	}
 	return buf.Bytes(), nil
 }
-
-func targetKey(refs []string) string { return strings.Join(refs, ",") }
