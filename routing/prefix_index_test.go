@@ -375,3 +375,17 @@ func TestPrefixJournalWithEverySlotTakenSharesNothing(t *testing.T) {
 	require.NoError(t, late.Sync(1001+journalSlotTTLms+journalRegisterMS+1))
 	assert.GreaterOrEqual(t, late.journal.slot, 0)
 }
+
+func TestNextCheckpointWalksTheGrid(t *testing.T) {
+	k, n := 0, 0
+	for k < 1<<16 {
+		next := nextCheckpoint(k)
+		for j := k + 1; j < next; j++ {
+			require.False(t, isCheckpoint(j), "skipped grid point %d", j)
+		}
+		require.True(t, isCheckpoint(next), "%d is not a grid point", next)
+		k = next
+		n++
+	}
+	assert.Equal(t, 16+8*12, n)
+}
