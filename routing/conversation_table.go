@@ -21,9 +21,9 @@ type ConversationTable struct {
 const (
 	conversationBucketSize = 16
 	conversationEntryBytes = 16 // fingerprint, target id
-	// A hit this deep in its bucket is moved to the front; shallower hits are
-	// recent enough, which saves a write on most turns.
-	conversationPromoteDepth = 4
+	// A hit in the older half of its bucket is moved to the front; hits in the
+	// newer half are recent enough, which saves a write on most turns.
+	conversationPromoteDepth = 8
 	conversationFormat       = 1
 )
 
