@@ -31,6 +31,7 @@ type httpContext struct {
 	prefillInFlight bool
 	prefillReleased bool
 	answered        bool // the filter answered the client itself (a prefill's reply)
+	unparsable      bool // the body failed open
 }
 
 func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (action types.Action) {
@@ -91,7 +92,8 @@ func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (ac
 		return types.ActionContinue
 	}
 	if n, err := strconv.ParseInt(contentLength, 10, 64); err == nil && n > cfg.MaxBodyBytes {
-		c.req.Tokens = int(n / int64(cfg.CharsPerToken))
+		// The client writes content-length: the estimate is bounded like any other.
+		c.req.Tokens = int(min(n, routing.MaxRequestBytes) / int64(cfg.CharsPerToken))
 		c.decide(nil)
 		return types.ActionContinue
 	}
@@ -143,8 +145,9 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 		defer func() { p.promptBuf, c.req.Prompt = c.req.Prompt[:0], nil }()
 		if err := routing.Extract(c.api, body, opt, &c.req); err != nil {
 			// Fail open: Extract left no prompt, so this routes by load alone, and the
-			// body is forwarded untouched.
+			// body is forwarded untouched (never rewritten for an inline prefill).
 			p.metrics.parseErrors.Increment(1)
+			c.unparsable = true
 		}
 	}
 	switch {

@@ -14,9 +14,9 @@ func (c *httpContext) startPD(body []byte) (wait bool) {
 	d := &c.decision
 	cfg := &c.plugin.cfg
 	m := c.plugin.metrics
-	if d.PD == routing.PDDisaggregated && body == nil && cfg.Disaggregation.Mode != routing.ModeSidecar {
+	if d.PD == routing.PDDisaggregated && (body == nil || c.unparsable) && cfg.Disaggregation.Mode != routing.ModeSidecar {
 		// An inline prefill rewrites the body; a body that streams through unbuffered
-		// (or none at all) can only be decoded directly.
+		// (or none at all), or one that failed open, can only be decoded directly.
 		c.releasePrefill()
 		d.PD = routing.PDDirect
 	}

@@ -331,7 +331,9 @@ func rewriteObject(obj string, edits []objectEdit) []byte {
 // JSON whose top level is an object.
 func jsonObject(body []byte) (string, bool) {
 	s := bytesToString(body)
-	if !gjson.Valid(s) {
+	// The shape check first: it bounds the nesting, so gjson's recursive validation
+	// can never run the stack out (in wasm a stack overflow is a trap, not a panic).
+	if !jsonShapeOK(s) || !gjson.Valid(s) {
 		return "", false
 	}
 	if !gjson.Parse(s).IsObject() {

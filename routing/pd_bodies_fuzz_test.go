@@ -63,8 +63,10 @@ func pdCheckOutput(t *testing.T, name string, body, keep, out []byte, err error)
 }
 
 // pdValidObject reports whether body is the kind of body the builders must accept.
+// pdValidObject says a body must be accepted: a JSON object no deeper than the
+// nesting bound (deeper ones are refused on purpose: jsonShapeOK).
 func pdValidObject(body []byte) bool {
-	return json.Valid(body) && gjson.ParseBytes(body).IsObject()
+	return json.Valid(body) && gjson.ParseBytes(body).IsObject() && jsonShapeOK(string(body))
 }
 
 func FuzzVLLMPrefillBody(f *testing.F) {

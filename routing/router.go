@@ -86,6 +86,14 @@ func NewRouter(cfg *Config, store Store, now func() int64) *Router {
 func (r *Router) DecodeTargets() []Target  { return r.decode.targets.Targets }
 func (r *Router) PrefillTargets() []Target { return r.prefill.targets.Targets }
 
+// MaxRequestBytes and MaxRequestTokens bound what a request can claim: far above any
+// real prompt, and small enough that a ledger's sums over any number of requests held
+// within a lease cannot overflow.
+const (
+	MaxRequestBytes  = 1 << 40
+	MaxRequestTokens = 1 << 36
+)
+
 // NoRank means the client named no (trusted) DP rank.
 const NoRank = -1
 
@@ -341,6 +349,8 @@ type prompt struct {
 // fails: when shared state does, it decides without it (SPEC §5.7).
 func (r *Router) Decide(req *Request, rank int) Decision {
 	nowMS := r.now()
+	// Estimates come from client-controlled sizes: bound them so ledger sums can't wrap.
+	req.Tokens = max(0, min(req.Tokens, MaxRequestTokens))
 	if rank != NoRank && !r.rankExists(r.decode, rank) {
 		rank = NoRank
 	}
