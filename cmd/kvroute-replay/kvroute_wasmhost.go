@@ -39,6 +39,7 @@ type kvrouteWasm struct {
 	fleet    *Fleet  // the replay's clock
 	nextTick float64 // replay time of the next timer tick, ms
 	ticks    int     // ticks delivered
+	onTick   func()  // if set, called after every tick (a replica answers scrapes there)
 }
 
 // maxIdleTicks is how many ticks are delivered back to back across a quiet stretch:
@@ -62,6 +63,9 @@ func (p *kvrouteWasm) tickTo(now float64) {
 		if n < maxIdleTicks {
 			p.host.Tick()
 			p.ticks++
+			if p.onTick != nil {
+				p.onTick()
+			}
 		}
 		p.nextTick += period
 	}

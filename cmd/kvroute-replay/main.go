@@ -36,6 +36,8 @@ type options struct {
 	charsPerToken                              int
 	seed                                       uint64
 	strict                                     bool
+	replicas                                   int    // -replicas: gateway replicas (replicas.go), 0 = off
+	replicaConfigs                             string // -replica-configs
 }
 
 // Fleet defaults (shown by -help):
@@ -77,8 +79,10 @@ func parseFlags(args []string) (*options, error) {
 	fs.Float64Var(&o.fleet.DecodeMSPerToken, "decode-ms", defaultDecodeMS, "decode time per output token, ms")
 	fs.IntVar(&o.fleet.MaxRunning, "max-running", defaultMaxRunning, "requests a target runs at once; more queue")
 	fs.IntVar(&o.charsPerToken, "chars-per-token", 4, "characters of prompt text per token (keep chars_per_token in -config equal)")
-	fs.Uint64Var(&o.seed, "seed", 1, "seed of the baselines' random tie-breaks")
+	fs.Uint64Var(&o.seed, "seed", 1, "seed of the baselines' random tie-breaks and of the spread over -replicas")
 	fs.BoolVar(&o.strict, "strict", false, "exit 1 when kvroute misses a line of the SPEC §10 bar")
+	fs.IntVar(&o.replicas, "replicas", 0, "also replay kvroute as this many gateway replicas, each request to one at random (0: off)")
+	fs.StringVar(&o.replicaConfigs, "replica-configs", "all", "with -replicas, comma-separated: round_robin, hash, round_robin+metrics, hash+metrics (first_turn, engine metrics), or all")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -89,12 +93,27 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-cache-blocks, -max-running and -chars-per-token must be >= 1")
 	case !(o.speed > 0) || o.fleet.PrefillMSPerToken < 0 || o.fleet.DecodeMSPerToken < 0:
 		return nil, fmt.Errorf("-speed must be > 0 and the service times >= 0")
+	case o.replicas < 0:
+		return nil, fmt.Errorf("-replicas must be >= 0")
+	}
+	if o.replicas > 0 {
+		if _, err := selectReplicaVariants(o.replicaConfigs); err != nil {
+			return nil, err
+		}
 	}
 	o.fleet.CacheTokens = o.cacheBlocks * MooncakeBlockTokens
 	return o, nil
 }
 
 func main() {
+	// Hidden modes: a gateway replica child (replica_child.go) and the chat-trace
+	// generator (chattrace.go).
+	if len(os.Args) > 1 && os.Args[1] == "-replica" {
+		os.Exit(replicaMain(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "-gen-chat" {
+		os.Exit(chatTraceMain(os.Args[2:]))
+	}
 	start := time.Now()
 	o, err := parseFlags(os.Args[1:])
 	if err != nil {
@@ -110,6 +129,14 @@ func main() {
 		os.Exit(1)
 	}
 	rep.WriteText(os.Stdout)
+	if o.replicas > 0 {
+		runs, err := runReplicas(o, reqs)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "kvroute-replay:", err)
+			os.Exit(1)
+		}
+		writeReplicaTable(os.Stdout, rep, o, runs)
+	}
 	if o.svg != "" {
 		if err := writeFile(o.svg, rep.WriteSVG); err != nil {
 			fmt.Fprintln(os.Stderr, "kvroute-replay:", err)
