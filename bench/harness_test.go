@@ -61,8 +61,14 @@ type emulator struct {
 }
 
 func start(tb testing.TB, name, config string) *emulator {
+	return startOn(tb, vm(tb, name), config)
+}
+
+// startOn starts a plugin with config on an already compiled module.
+func startOn(tb testing.TB, v types.VMContext, config string) *emulator {
+	name := "the plugin"
 	h, reset := proxytest.NewHostEmulator(proxytest.NewEmulatorOption().
-		WithVMContext(vm(tb, name)).WithPluginConfiguration([]byte(config)))
+		WithVMContext(v).WithPluginConfiguration([]byte(config)))
 	if h.StartVM() != types.OnVMStartStatusOK || h.StartPlugin() != types.OnPluginStartStatusOK {
 		reset()
 		tb.Fatalf("%s refused its config: %v", name, h.GetCriticalLogs())
