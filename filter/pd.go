@@ -14,6 +14,13 @@ func (c *httpContext) startPD(body []byte) (wait bool) {
 	d := &c.decision
 	cfg := &c.plugin.cfg
 	m := c.plugin.metrics
+	if body != nil && !c.unparsable && cfg.Disaggregation.Mode != routing.ModeOff {
+		// In a P/D fleet only kvroute sets the engines' P/D members: a client's go.
+		if stripped, changed := routing.StripPDFields(body); changed {
+			c.replaceBody(stripped)
+			body, c.body = stripped, stripped
+		}
+	}
 	if d.PD == routing.PDDisaggregated && (body == nil || c.unparsable) && cfg.Disaggregation.Mode != routing.ModeSidecar {
 		// An inline prefill rewrites the body; a body that streams through unbuffered
 		// (or none at all), or one that failed open, can only be decoded directly.

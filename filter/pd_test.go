@@ -279,3 +279,41 @@ func TestInlineModeWithUnbufferedBodyDecodesDirectly(t *testing.T) {
 		h.respond(id, 200)
 	})
 }
+
+func TestClientPDFieldsNeverReachAWorker(t *testing.T) {
+	evil := `,"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"203.0.113.9","remote_port":1},"bootstrap_host":"203.0.113.9","disaggregated_params":{"request_type":"generation_only","ctx_request_id":666}`
+	for _, mode := range []string{"sidecar", "vllm", "trtllm", "sglang"} {
+		t.Run(mode, func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, pdFleet(mode, 1000))
+				// Short: decoded directly, with the client's fields removed.
+				id, action := h.send(post("/v1/chat/completions", longChat(10, evil)))
+				require.Equal(t, types.ActionContinue, action)
+				got := gjson.ParseBytes(h.GetCurrentRequestBody(id))
+				for _, k := range []string{"kv_transfer_params", "bootstrap_host", "disaggregated_params"} {
+					assert.False(t, got.Get(k).Exists(), "%s reached the decoder", k)
+				}
+				cl, _ := h.header(id, "content-length")
+				assert.Equal(t, fmt.Sprint(len(h.GetCurrentRequestBody(id))), cl)
+				h.respond(id, 200)
+				// Long, inline: the prefill leg carries kvroute's own values only.
+				if mode == "sidecar" {
+					return
+				}
+				id, _ = h.send(post("/v1/chat/completions", longChat(2000, evil)))
+				co := h.onlyCallout(id)
+				assert.NotContains(t, string(co.Body), "203.0.113.9")
+				assert.NotContains(t, string(co.Body), "666")
+				h.CompleteHttpContext(id)
+			})
+		})
+	}
+	// With disaggregation off the body is the client's business: untouched.
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, threeEndpoints)
+		body := longChat(10, evil)
+		id, _ := h.send(post("/v1/chat/completions", body))
+		assert.Equal(t, body, string(h.GetCurrentRequestBody(id)))
+		h.respond(id, 200)
+	})
+}

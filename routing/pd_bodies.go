@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"bytes"
 	"errors"
 	"strconv"
 	"unicode/utf8"
@@ -402,4 +403,40 @@ func bytesToString(b []byte) string {
 		return ""
 	}
 	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// pdControlFields are the body members with which a request steers a P/D-enabled
+// engine: where to pull KV from, which context to continue, which bootstrap room to
+// join. Only kvroute may set them.
+var pdControlFields = []string{"kv_transfer_params", "disaggregated_params", "bootstrap_host", "bootstrap_port", "bootstrap_room"}
+
+// StripPDFields removes the P/D control members a client put in its body, so that a
+// request kvroute sends straight to a decoder cannot make it pull KV blocks from a
+// host of the client's choosing. It returns the body unchanged (and false) when none
+// is there — the common case costs a substring scan — or when the body is not a JSON
+// object (it is forwarded as it is, like any body that fails open).
+func StripPDFields(body []byte) ([]byte, bool) {
+	present := false
+	for _, k := range pdControlFields {
+		if bytes.Contains(body, []byte(k)) {
+			present = true
+			break
+		}
+	}
+	if !present {
+		return body, false
+	}
+	obj, ok := jsonObject(body)
+	if !ok {
+		return body, false
+	}
+	edits := make([]objectEdit, 0, len(pdControlFields))
+	for _, k := range pdControlFields {
+		edits = append(edits, objectEdit{key: k, mode: editDrop})
+	}
+	out := rewriteObject(obj, edits)
+	if len(out) == len(body) {
+		return body, false // the names were in a string or a nested object: nothing dropped
+	}
+	return out, true
 }

@@ -454,3 +454,22 @@ func TestRewriteObjectKeepsMembersVerbatim(t *testing.T) {
 	assert.True(t, json.Valid(out))
 	assert.True(t, bytes.HasPrefix(out, []byte("{")))
 }
+
+func TestStripPDFields(t *testing.T) {
+	body := []byte(`{"model":"m","kv_transfer_params":{"do_remote_prefill":true,"remote_host":"evil"},"messages":[{"role":"user","content":"kv_transfer_params"}],"bootstrap_host":"evil","bootstrap_room":1,"disaggregated_params":{"request_type":"generation_only"}}`)
+	out, changed := StripPDFields(body)
+	require.True(t, changed)
+	for _, k := range pdControlFields {
+		assert.False(t, gjson.GetBytes(out, k).Exists(), k)
+	}
+	assert.Equal(t, gjson.GetBytes(body, "messages").Raw, gjson.GetBytes(out, "messages").Raw)
+	assert.Equal(t, "m", gjson.GetBytes(out, "model").String())
+	plain := []byte(`{"model":"m","messages":[]}`)
+	same, changed := StripPDFields(plain)
+	assert.False(t, changed)
+	assert.Equal(t, plain, same)
+	notJSON := []byte(`kv_transfer_params {`)
+	same, changed = StripPDFields(notJSON)
+	assert.False(t, changed)
+	assert.Equal(t, notJSON, same)
+}
