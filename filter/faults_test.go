@@ -190,3 +190,47 @@ func TestFaultTicksStop(t *testing.T) {
 		assert.Equal(t, uint64(0), h.counter("kvroute_state_conflicts"))
 	})
 }
+
+// Engine scrapes (a callout per endpoint per interval) that never answer, answer late
+// or answer twice: scraping goes on at the next interval (nothing waits for an
+// answer), requests route throughout, and nothing is recovered as a fault.
+func TestFaultScrapeCalloutsNeverAnswerOrAnswerLate(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, engineFleet)
+		h.Tick()
+		lost := h.scrapes()
+		require.Len(t, lost, 3)
+		for i := 0; i < 10; i++ { // nothing answered: requests route by the ledger
+			dest, _, _ := h.route(post("/v1/completions", fmt.Sprintf(`{"prompt":"a%d"}`, i)))
+			require.True(t, strings.HasPrefix(dest, "10.0.0."), dest)
+		}
+		h.advance(200)
+		h.Tick()
+		next := h.scrapes()
+		require.Len(t, next, 3, "an unanswered scrape does not stop the next one")
+		for addr, c := range next {
+			page := vllmPage(0, 0)
+			if addr == "10.0.0.1:8000" {
+				page = vllmPage(25, 15)
+			}
+			h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "200"}}, nil, []byte(page))
+		}
+		// The first round answers late, one of them twice (the SDK refuses a repeat).
+		for _, c := range lost {
+			h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "200"}}, nil, []byte(vllmPage(1, 1)))
+		}
+		for _, c := range lost {
+			func() {
+				defer func() { _ = recover() }()
+				h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "200"}}, nil, []byte(vllmPage(1, 1)))
+			}()
+			break
+		}
+		for i := 0; i < 10; i++ {
+			dest, _, _ := h.route(post("/v1/completions", fmt.Sprintf(`{"prompt":"b%d"}`, i)))
+			require.True(t, strings.HasPrefix(dest, "10.0.0."), dest)
+		}
+		assert.Equal(t, uint64(0), h.counter("kvroute_fail_open"))
+		assert.Equal(t, routing.Load{}, h.poolLoad("decode"))
+	})
+}

@@ -1,0 +1,391 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"math/rand"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Fault injection through the Store interface (SPEC §5.7, §10: the filter's own faults
+// never fail a request). proxy-wasm shared-data errors cannot be injected through the
+// SDK host emulator when the filter runs as compiled wasm, so the host's failures are
+// modelled here, one layer down, where the filter's sharedStore hands them to the
+// Router unchanged.
+
+// errInjected stands for any host error of proxy_get_shared_data/proxy_set_shared_data.
+var errInjected = errors.New("injected host error")
+
+// faultStore wraps a Store and fails calls on demand. A failed call never reaches the
+// inner store, as a host error leaves shared data unchanged.
+type faultStore struct {
+	inner Store
+
+	mu          sync.Mutex
+	getErr      error // returned by every Get while set
+	setErr      error // returned by every Set while set
+	casConflict bool  // every Set fails with ErrCASMismatch: another VM always wins
+	failEvery   int   // > 0: every failEvery-th call (Get or Set) fails with errInjected
+
+	calls, gets, sets, failures int
+}
+
+func newFaultStore() *faultStore { return &faultStore{inner: NewMemoryStore()} }
+
+func (f *faultStore) Get(key string) ([]byte, uint32, error) {
+	f.mu.Lock()
+	f.calls++
+	f.gets++
+	err := f.getErr
+	if err == nil && f.failEvery > 0 && f.calls%f.failEvery == 0 {
+		err = errInjected
+	}
+	if err != nil {
+		f.failures++
+	}
+	f.mu.Unlock()
+	if err != nil {
+		return nil, 0, err
+	}
+	return f.inner.Get(key)
+}
+
+func (f *faultStore) Set(key string, value []byte, cas uint32) error {
+	f.mu.Lock()
+	f.calls++
+	f.sets++
+	err := f.setErr
+	if err == nil && f.casConflict {
+		err = ErrCASMismatch
+	}
+	if err == nil && f.failEvery > 0 && f.calls%f.failEvery == 0 {
+		err = errInjected
+	}
+	if err != nil {
+		f.failures++
+	}
+	f.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return f.inner.Set(key, value, cas)
+}
+
+// heal stops every fault.
+func (f *faultStore) heal() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.getErr, f.setErr, f.casConflict, f.failEvery = nil, nil, false, 0
+}
+
+func (f *faultStore) setCalls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.sets
+}
+
+// faultConfigs are the router configurations every fault is tried under: prefix
+// matching off and on, and each first-turn placement.
+var faultConfigs = map[string]string{
+	"prefix off":       `,"prefix":{"enabled":false}`,
+	"prefix on":        ``,
+	"first turn hash":  `,"conversation":{"first_turn":"hash"}`,
+	"first turn least": `,"conversation":{"first_turn":"least_loaded"}`,
+	"first turn score": `,"conversation":{"first_turn":"score"}`,
+}
+
+// faultRequest is request i of a mixed stream: half with one of 20 conversation ids,
+// all with a prompt of a few blocks.
+func faultRequest(i int) *Request {
+	req := &Request{
+		Model:      "m",
+		Prompt:     []byte(fmt.Sprintf("user:%0200d", i%13)),
+		BlockBytes: 64,
+		Tokens:     50,
+		Identity:   uint64(i) * 0x9e3779b97f4a7c15,
+	}
+	if i%2 == 0 {
+		req.Conversation, req.HasConversation = FingerprintString(fmt.Sprint("conv-", i%20)), true
+	}
+	return req
+}
+
+// requireInPool fails unless d names a target of r's decode pool.
+func requireInPool(t *testing.T, r *Router, d Decision) {
+	t.Helper()
+	for _, tg := range r.DecodeTargets() {
+		if tg == d.Target {
+			return
+		}
+	}
+	t.Fatalf("decision %+v names a target outside the decode pool", d)
+}
+
+func ledgerTotal(t *testing.T, r *Router) Load {
+	t.Helper()
+	loads, err := r.Loads()
+	require.NoError(t, err)
+	return total(loads)
+}
+
+func TestFaultGetErrorsFallBackWithoutState(t *testing.T) {
+	for name, extra := range faultConfigs {
+		t.Run(name, func(t *testing.T) {
+			store, clock := newFaultStore(), &fakeClock{ms: 1e6}
+			r := NewRouter(testConfig(t, extra), store, clock.now)
+			store.getErr = errInjected
+			spread := map[string]bool{}
+			byConv := map[uint64]string{}
+			for i := 0; i < 60; i++ {
+				req := faultRequest(i)
+				d := r.Decide(req, NoRank)
+				requireInPool(t, r, d)
+				assert.Equal(t, KindFallback, d.Kind)
+				assert.True(t, d.StateFailed)
+				assert.False(t, d.Ticket.Valid, "no ledger entry without state")
+				if req.HasConversation {
+					// Rendezvous hashing: every VM and replica agrees with no store.
+					if prev, ok := byConv[req.Conversation]; ok {
+						assert.Equal(t, prev, d.Target.Address)
+					}
+					byConv[req.Conversation] = d.Target.Address
+				} else {
+					spread[d.Target.Address] = true
+				}
+				_, err := r.Release(d.Ticket) // an invalid ticket touches nothing
+				require.NoError(t, err)
+			}
+			assert.Len(t, spread, 3, "the VM-local round robin spreads requests without an id")
+			_, err := r.ReportHealth(r.DecodeTargets()[0], false, true)
+			assert.Error(t, err)
+			assert.Error(t, r.Sweep())
+			store.heal()
+			assert.Equal(t, Load{}, ledgerTotal(t, r))
+		})
+	}
+}
+
+func TestFaultSetErrorsNeverBlockADecision(t *testing.T) {
+	for name, extra := range faultConfigs {
+		t.Run(name, func(t *testing.T) {
+			store, clock := newFaultStore(), &fakeClock{ms: 1e6}
+			r := NewRouter(testConfig(t, extra), store, clock.now)
+			// Some state exists before the host starts refusing writes.
+			for i := 0; i < 10; i++ {
+				d := r.Decide(faultRequest(i), NoRank)
+				_, err := r.Release(d.Ticket)
+				require.NoError(t, err)
+			}
+			store.setErr = errInjected
+			for i := 0; i < 60; i++ {
+				req := faultRequest(i)
+				d := r.Decide(req, NoRank)
+				requireInPool(t, r, d)
+				assert.True(t, d.StateFailed, "request %d: a refused write is a state failure", i)
+				assert.False(t, d.Ticket.Valid, "request %d: no load was added", i)
+				if d.Kind != KindFallback {
+					// Placed from what could be read; only the write of its load failed.
+					assert.Contains(t, []Kind{KindSticky, KindOverflow, KindLoad, KindPrefix, KindContinuation}, d.Kind)
+				}
+				clock.ms++
+			}
+			store.heal()
+			assert.Equal(t, Load{}, ledgerTotal(t, r))
+		})
+	}
+}
+
+func TestFaultCASConflictOnEveryTry(t *testing.T) {
+	for name, extra := range faultConfigs {
+		t.Run(name, func(t *testing.T) {
+			store, clock := newFaultStore(), &fakeClock{ms: 1e6}
+			cfg := testConfig(t, extra)
+			r := NewRouter(cfg, store, clock.now)
+			var held []LoadTicket
+			for i := 0; i < 10; i++ {
+				d := r.Decide(faultRequest(i), NoRank)
+				require.True(t, d.Ticket.Valid)
+				held = append(held, d.Ticket)
+			}
+			store.casConflict = true
+			retries := cfg.State.MaxCASRetries
+			for i := 0; i < 40; i++ {
+				before := store.setCalls()
+				d := r.Decide(faultRequest(i), NoRank)
+				requireInPool(t, r, d)
+				assert.True(t, d.StateFailed)
+				assert.False(t, d.Ticket.Valid)
+				// Bounded work: a decision makes a handful of updates, each giving up
+				// after max_cas_retries (the ledger tries its cached read once more).
+				assert.LessOrEqual(t, store.setCalls()-before, 8*(retries+2), "request %d", i)
+			}
+			for _, tk := range held {
+				_, err := r.Release(tk)
+				assert.ErrorIs(t, err, ErrStateConflict)
+			}
+			// The conflicts stop: the same tickets release, exactly once each.
+			store.heal()
+			assert.Equal(t, int64(len(held)), ledgerTotal(t, r).Requests)
+			for _, tk := range held {
+				_, err := r.Release(tk)
+				require.NoError(t, err)
+			}
+			assert.Equal(t, Load{}, ledgerTotal(t, r))
+		})
+	}
+}
+
+// A store that fails every Nth call, over a long mixed stream with releases
+// interleaved: every decision names a pool target, a decision that reports no state
+// failure carries a ticket, and the ledger's figure is exactly the load of the
+// releases that failed — which the lease then expires.
+func TestFaultEveryNthCall(t *testing.T) {
+	for _, n := range []int{2, 3, 5, 7, 11} {
+		for name, extra := range faultConfigs {
+			t.Run(fmt.Sprintf("every %d/%s", n, name), func(t *testing.T) {
+				store, clock := newFaultStore(), &fakeClock{ms: 1e6}
+				cfg := testConfig(t, extra+`,"state":{"lease_ms":8000,"max_cas_retries":2}`)
+				r := NewRouter(cfg, store, clock.now)
+				var held []LoadTicket
+				for i := 0; i < 5; i++ { // acquired before the faults start
+					d := r.Decide(faultRequest(i), NoRank)
+					require.True(t, d.Ticket.Valid)
+					held = append(held, d.Ticket)
+				}
+				store.failEvery = n
+				rng := rand.New(rand.NewSource(int64(n)))
+				var open []LoadTicket
+				var leaked Load
+				kinds := map[Kind]int{}
+				for i := 0; i < 400; i++ {
+					d := r.Decide(faultRequest(rng.Intn(1000)), NoRank)
+					requireInPool(t, r, d)
+					kinds[d.Kind]++
+					if !d.StateFailed {
+						assert.True(t, d.Ticket.Valid, "a decision without a state failure holds load")
+					}
+					if d.Kind == KindFallback {
+						assert.True(t, d.StateFailed)
+					}
+					if d.Ticket.Valid {
+						open = append(open, d.Ticket)
+					}
+					for len(open) > 0 && rng.Intn(3) == 0 {
+						k := rng.Intn(len(open))
+						tk := open[k]
+						open = append(open[:k], open[k+1:]...)
+						if _, err := r.Release(tk); err != nil {
+							leaked.Requests++
+							leaked.Tokens += tk.Tokens
+						}
+					}
+					if i%50 == 0 {
+						_ = r.Sweep()
+						_, _ = r.ReportHealth(d.Target, false, rng.Intn(4) == 0)
+					}
+				}
+				assert.NotZero(t, kinds[KindFallback], "some decisions fell back: %v", kinds)
+				assert.NotZero(t, store.failures)
+				store.heal()
+				for _, tk := range append(held, open...) {
+					_, err := r.Release(tk)
+					require.NoError(t, err)
+				}
+				assert.Equal(t, leaked, ledgerTotal(t, r), "only the failed releases still count")
+				clock.ms += cfg.State.LeaseMS + cfg.State.LeaseMS/8
+				assert.Equal(t, Load{}, ledgerTotal(t, r), "the lease expires what a failed release left")
+				require.NoError(t, r.Sweep())
+			})
+		}
+	}
+}
+
+// Faults that come and go: each fault kind in turn, between healthy phases, over one
+// store. After the last, the ledger is back to zero.
+func TestFaultPhasesLedgerReturnsToZero(t *testing.T) {
+	store, clock := newFaultStore(), &fakeClock{ms: 1e6}
+	r := NewRouter(testConfig(t, ""), store, clock.now)
+	phases := []func(){
+		func() { store.getErr = errInjected },
+		func() { store.setErr = errInjected },
+		func() { store.casConflict = true },
+		func() { store.failEvery = 4 },
+	}
+	var held []LoadTicket
+	for p, start := range phases {
+		for i := 0; i < 20; i++ { // healthy
+			d := r.Decide(faultRequest(p*100+i), NoRank)
+			require.True(t, d.Ticket.Valid)
+			held = append(held, d.Ticket)
+		}
+		start()
+		for i := 0; i < 20; i++ {
+			d := r.Decide(faultRequest(p*100+i), NoRank)
+			requireInPool(t, r, d)
+			if d.Ticket.Valid {
+				held = append(held, d.Ticket)
+			}
+		}
+		store.heal()
+	}
+	for _, tk := range held {
+		_, err := r.Release(tk)
+		require.NoError(t, err)
+	}
+	assert.Equal(t, Load{}, ledgerTotal(t, r))
+}
+
+// Several VMs over one faulty store at once (run with -race).
+func TestFaultConcurrentRoutersOverOneFaultyStore(t *testing.T) {
+	store := newFaultStore()
+	store.failEvery = 5
+	cfg := testConfig(t, `,"state":{"max_cas_retries":2}`)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var leaked int64
+	var survivors []LoadTicket
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			r := NewRouter(cfg, store, (&fakeClock{ms: 1e6}).now)
+			var open []LoadTicket
+			for i := 0; i < 200; i++ {
+				d := r.Decide(faultRequest(w*1000+i), NoRank)
+				ok := false
+				for _, tg := range r.DecodeTargets() {
+					ok = ok || tg == d.Target
+				}
+				if !ok {
+					panic(fmt.Sprintf("target outside the pool: %+v", d.Target))
+				}
+				if d.Ticket.Valid {
+					open = append(open, d.Ticket)
+				}
+				if len(open) > 3 {
+					if _, err := r.Release(open[0]); err != nil {
+						mu.Lock()
+						leaked++
+						mu.Unlock()
+					}
+					open = open[1:]
+				}
+			}
+			mu.Lock()
+			survivors = append(survivors, open...)
+			mu.Unlock()
+		}(w)
+	}
+	wg.Wait()
+	store.heal()
+	r := NewRouter(cfg, store, (&fakeClock{ms: 1e6}).now)
+	for _, tk := range survivors {
+		_, err := r.Release(tk)
+		require.NoError(t, err)
+	}
+	assert.Equal(t, leaked, ledgerTotal(t, r).Requests)
+}
