@@ -3,7 +3,7 @@ GO        ?= go
 WASM      := build/kvroute.wasm
 WASM_SRC  := $(shell find filter routing -name '*.go' -not -name '*_test.go') go.mod go.sum
 
-.PHONY: all build demo samples test bench fuzz clean image
+.PHONY: all build demo samples test bench soak fuzz clean image
 
 all: build
 
@@ -40,6 +40,10 @@ bench: build
 	@mkdir -p build
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o build/floor.wasm ./bench/floorfilter
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# 1 000 000 requests through the compiled filter in the emulator (minutes).
+soak: build
+	KVROUTE_SOAK=1 $(GO) test ./soak -run TestSoak -v -count=1 -timeout 2h
 
 clean:
 	rm -rf build
