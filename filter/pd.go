@@ -134,15 +134,26 @@ func (c *httpContext) prefillResponse(bodySize int) (status int, body []byte) {
 	return status, body
 }
 
-func (c *httpContext) onVLLMPrefill(_, bodySize, _ int) {
-	defer c.resumeOnPanic()
-	status, body := c.prefillResponse(bodySize)
+// prefillSucceeded handles what every inline answer needs: a 4xx goes back to the
+// client, anything else but a 2xx falls back to direct decode and resumes. It returns
+// the 2xx answer for the mode to use.
+func (c *httpContext) prefillSucceeded(bodySize int) (status int, body []byte, ok bool) {
+	status, body = c.prefillResponse(bodySize)
 	if c.prefillRejected(status, body) {
-		return
+		return status, nil, false
 	}
 	if status/100 != 2 {
 		c.prefillFailed()
 		_ = proxywasm.ResumeHttpRequest()
+		return status, nil, false
+	}
+	return status, body, true
+}
+
+func (c *httpContext) onVLLMPrefill(_, bodySize, _ int) {
+	defer c.resumeOnPanic()
+	_, body, ok := c.prefillSucceeded(bodySize)
+	if !ok {
 		return
 	}
 	decodeBody, err := routing.VLLMDecodeBody(c.body, body)
@@ -156,13 +167,8 @@ func (c *httpContext) onVLLMPrefill(_, bodySize, _ int) {
 
 func (c *httpContext) onTRTLLMContext(_, bodySize, _ int) {
 	defer c.resumeOnPanic()
-	status, body := c.prefillResponse(bodySize)
-	if c.prefillRejected(status, body) {
-		return
-	}
-	if status/100 != 2 {
-		c.prefillFailed()
-		_ = proxywasm.ResumeHttpRequest()
+	status, body, ok := c.prefillSucceeded(bodySize)
+	if !ok {
 		return
 	}
 	generation, passthrough, err := routing.TRTLLMGenerationBody(c.body, body)

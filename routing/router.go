@@ -41,7 +41,7 @@ type poolState struct {
 	viewLoads    []Load
 	viewEligible []int
 	candBuf      []int
-	byID32     map[uint32]int // low 32 bits of a target id → index, as the prefix index keeps them
+	byID32       map[uint32]int // low 32 bits of a target id → index, as the prefix index keeps them
 }
 
 // NewRouter builds a Router over store. now returns the current time in milliseconds.
