@@ -57,15 +57,18 @@ func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (ac
 			contentLength = value
 		}
 		for i, owned := range p.owned {
-			if name == owned && stripped&(1<<i) == 0 {
-				stripped |= 1 << i
-				if name == cfg.Headers.DPRank && cfg.TrustClientDPRank {
-					if r, err := strconv.Atoi(strings.TrimSpace(value)); err == nil && r >= 0 {
-						c.clientRank = r
-					}
-				}
-				_ = proxywasm.RemoveHttpRequestHeader(name)
+			if name != owned {
+				continue
 			}
+			if stripped&(1<<i) == 0 && name == cfg.Headers.DPRank && cfg.TrustClientDPRank {
+				if r, err := strconv.Atoi(strings.TrimSpace(value)); err == nil && r >= 0 {
+					c.clientRank = r
+				}
+			}
+			stripped |= 1 << i
+			// Once per line: Envoy drops every line of the name at the first call, but
+			// a host that drops one at a time must not leave a spoofed copy behind.
+			_ = proxywasm.RemoveHttpRequestHeader(name)
 		}
 		if cfg.Conversation.Enabled && value != "" {
 			for i, h := range cfg.Conversation.Headers[:convRank] {
@@ -252,9 +255,13 @@ func (c *httpContext) release() {
 	if !c.decision.Ticket.Valid {
 		return
 	}
+	// A failed write (CAS retries spent, a host error) is tried once more before the
+	// load is left to the lease.
 	if _, err := c.plugin.router.Release(c.decision.Ticket); err != nil {
 		c.plugin.metrics.stateConflicts.Increment(1)
-		return
+		if _, err := c.plugin.router.Release(c.decision.Ticket); err != nil {
+			return
+		}
 	}
 	c.plugin.metrics.addActive(c.decision.Target.ID, -1)
 }
