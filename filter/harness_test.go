@@ -153,7 +153,9 @@ func (h *host) counter(name string) uint64 {
 	return v
 }
 
+// gauge reads a gauge after a tick: the tick sets the gauges from the ledger.
 func (h *host) gauge(name string) int64 {
+	h.Tick()
 	v, err := h.GetGaugeMetric(name)
 	require.NoError(h.t, err)
 	return int64(v)

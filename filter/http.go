@@ -171,9 +171,6 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 	if d.StateFailed {
 		m.stateConflicts.Increment(1)
 	}
-	if d.Ticket.Valid {
-		m.addActive(d.Target.ID, 1)
-	}
 	h := &cfg.Headers
 	_ = proxywasm.ReplaceHttpRequestHeader(h.Destination, d.Target.Address)
 	if d.Target.DPSize > 1 {
@@ -255,15 +252,11 @@ func (c *httpContext) release() {
 	if !c.decision.Ticket.Valid {
 		return
 	}
-	// A failed write (CAS retries spent, a host error) is tried once more before the
-	// load is left to the lease.
-	if _, err := c.plugin.router.Release(c.decision.Ticket); err != nil {
+	// The release joins the VM's batch; a batch that could not be written (CAS
+	// retries spent, a host error) is kept and written at the next flush.
+	if err := c.plugin.router.Release(c.decision.Ticket); err != nil {
 		c.plugin.metrics.stateConflicts.Increment(1)
-		if _, err := c.plugin.router.Release(c.decision.Ticket); err != nil {
-			return
-		}
 	}
-	c.plugin.metrics.addActive(c.decision.Target.ID, -1)
 }
 
 // recoverFailOpen turns a panic in a callback into a counted fail-open: the request

@@ -57,16 +57,6 @@ func TargetGaugeName(t routing.Target) string {
 	return "kvroute_target_active_requests." + ep + ".rank_" + t.RankText
 }
 
-// addActive moves a target's active-requests gauge, and the total, by delta: one
-// host call each (the tick sets them absolutely from the ledger, which also undoes
-// any drift from leases that expired).
-func (m *metrics) addActive(id uint64, delta int64) {
-	if g, ok := m.targetActive[id]; ok {
-		g.Add(delta)
-	}
-	m.activeRequests.Add(delta)
-}
-
 // setTargetLoad sets a target's gauge to the ledger's figure.
 func (m *metrics) setTargetLoad(id uint64, l routing.Load) {
 	if g, ok := m.targetActive[id]; ok {

@@ -229,7 +229,7 @@ func (c *httpContext) releasePrefill() {
 		return
 	}
 	c.prefillReleased = true
-	if _, err := c.plugin.router.ReleasePrefill(c.decision.PrefillTicket); err != nil {
+	if err := c.plugin.router.ReleasePrefill(c.decision.PrefillTicket); err != nil {
 		c.plugin.metrics.stateConflicts.Increment(1)
 	}
 }

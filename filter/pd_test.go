@@ -19,8 +19,10 @@ func pdFleet(mode string, threshold int) string {
 		"prefill":{"endpoints":[{"address":"10.0.2.1:8000","dp_size":2,"bootstrap_port":9000}]}}}`, mode, threshold)
 }
 
-// poolLoad reads a pool's ledger from the host's shared data, on the plugin's clock.
+// poolLoad reads a pool's ledger from the host's shared data, on the plugin's clock,
+// after a tick has written the VM's batch of load changes.
 func (h *host) poolLoad(pool string) routing.Load {
+	h.Tick()
 	now := goClock
 	if h.wasm {
 		now = 1640995200000 + 60_000 // wazero's fake epoch, plus the readings so far

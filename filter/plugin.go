@@ -18,7 +18,6 @@ type pluginContext struct {
 	owned   []string // owned header names, stripped from every request
 
 	promptBuf   []byte // the canonical prompt of the request being decided
-	lastSweep   int64
 	lastScrape  int64
 	scrapeLease *routing.ScrapeLease
 }
@@ -67,9 +66,9 @@ func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
 	return &httpContext{plugin: p, clientRank: routing.NoRank}
 }
 
-// OnTick shares prefix records between the VMs and, every lease_ms/8, sweeps expired
-// load out of the ledgers and brings the gauges back in step with them (a lease that
-// expired never had its release).
+// OnTick shares prefix records between the VMs, writes this VM's batch of load
+// changes (dropping expired slots) and reads the others', and sets the gauges from
+// the ledger as it now stands.
 func (p *pluginContext) OnTick() {
 	defer p.recoverFailOpen("tick")
 	if p.cfg.Prefix.Enabled {
@@ -77,15 +76,9 @@ func (p *pluginContext) OnTick() {
 			p.metrics.stateConflicts.Increment(1)
 		}
 	}
-	now := nowMS()
-	p.scrapeEngines(now)
-	if now-p.lastSweep < p.cfg.State.LeaseMS/8 {
-		return
-	}
-	p.lastSweep = now
-	if err := p.router.Sweep(); err != nil {
+	p.scrapeEngines(nowMS())
+	if err := p.router.FlushLoad(); err != nil {
 		p.metrics.stateConflicts.Increment(1)
-		return
 	}
 	loads, err := p.router.Loads()
 	if err != nil {

@@ -72,14 +72,14 @@ func TestLeastLoadedFirstTurnAvoidsBusyTarget(t *testing.T) {
 			// Load 10.0.0.1 with anonymous work pinned there through a trusted id.
 			busy := NewPoolTargets(cfg.Pools.Decode).Targets[0]
 			for i := 0; i < 5; i++ {
-				_, _, err := r.decode.ledger.Acquire(busy.ID, 1000, 1e6)
+				_, err := r.decode.ledger.Acquire(busy.ID, 1000, 1e6)
 				require.NoError(t, err)
 			}
 			for i := 0; i < 20; i++ {
 				d := r.Decide(convRequest(fmt.Sprint("n", i)), NoRank)
 				assert.Equal(t, KindNewConversation, d.Kind)
 				assert.NotEqual(t, busy.Address, d.Target.Address, "conversation %d", i)
-				_, err := r.Release(d.Ticket)
+				err := r.Release(d.Ticket)
 				require.NoError(t, err)
 			}
 		})
@@ -96,8 +96,8 @@ func TestTieBreakIsDeterministicAcrossRouters(t *testing.T) {
 		da, db := a.Decide(req, NoRank), b.Decide(req, NoRank)
 		assert.Equal(t, da.Target.ID, db.Target.ID)
 		spread[da.Target.Address] = true
-		_, _ = a.Release(da.Ticket)
-		_, _ = b.Release(db.Ticket)
+		_ = a.Release(da.Ticket)
+		_ = b.Release(db.Ticket)
 	}
 	assert.Len(t, spread, 3, "the seeded shuffle spreads idle-fleet ties")
 }
@@ -112,22 +112,23 @@ func TestLedgerReleaseAndLeaseExpiry(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), total(loads).Requests)
 	assert.Equal(t, int64(100), total(loads).Tokens)
-	ch, err := r.Release(d1.Ticket)
+	require.NoError(t, r.Release(d1.Ticket))
+	loads, err = r.Loads()
 	require.NoError(t, err)
-	assert.Equal(t, int64(1), ch.TotalRequests)
+	assert.Equal(t, int64(1), total(loads).Requests)
 	// d2's completion is lost: after the lease it no longer counts.
 	clock.ms += 8000 + 1000
 	loads, err = r.Loads()
 	require.NoError(t, err)
 	assert.Equal(t, Load{}, total(loads))
-	require.NoError(t, r.Sweep())
+	require.NoError(t, r.FlushLoad())
 	// A late release of an expired ticket takes nothing from newer load.
 	d3 := r.Decide(&Request{Tokens: 7, Identity: 3}, NoRank)
-	_, err = r.Release(d2.Ticket)
+	err = r.Release(d2.Ticket)
 	require.NoError(t, err)
 	loads, _ = r.Loads()
 	assert.Equal(t, Load{Requests: 1, Tokens: 7}, total(loads))
-	_, _ = r.Release(d3.Ticket)
+	_ = r.Release(d3.Ticket)
 	loads, _ = r.Loads()
 	assert.Equal(t, Load{}, total(loads))
 }
@@ -144,10 +145,11 @@ func total(loads []Load) Load {
 func TestLedgerHasNoLostUpdatesUnderConcurrency(t *testing.T) {
 	store := NewMemoryStore()
 	cfg := testConfig(t, `,"state":{"max_cas_retries":1000}`)
-	const workers, each = 8, 200
+	const workers, each, kept = 8, 200, 5
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	failed := 0
+	var open []LoadTicket
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func(w int) {
@@ -163,27 +165,36 @@ func TestLedgerHasNoLostUpdatesUnderConcurrency(t *testing.T) {
 					continue
 				}
 				tickets = append(tickets, d.Ticket)
-				if len(tickets) > 5 {
-					_, err := r.Release(tickets[0])
-					if err != nil {
+				if len(tickets) > kept {
+					if err := r.Release(tickets[0]); err != nil {
 						panic(err)
 					}
 					tickets = tickets[1:]
 				}
 			}
-			for _, tk := range tickets {
-				if _, err := r.Release(tk); err != nil {
-					panic(err)
-				}
+			if err := r.FlushLoad(); err != nil { // the tick
+				panic(err)
 			}
+			mu.Lock()
+			open = append(open, tickets...)
+			mu.Unlock()
 		}(w)
 	}
 	wg.Wait()
 	assert.Zero(t, failed)
+	shared := func() Load {
+		loads, err := NewRouter(cfg, store, (&fakeClock{ms: 1e6}).now).Loads()
+		require.NoError(t, err)
+		return total(loads)
+	}
+	assert.Equal(t, Load{Requests: workers * kept, Tokens: workers * kept * 10}, shared(),
+		"every VM's batches landed: exactly the load still open")
 	r := NewRouter(cfg, store, (&fakeClock{ms: 1e6}).now)
-	loads, err := r.Loads()
-	require.NoError(t, err)
-	assert.Equal(t, Load{}, total(loads), "every acquire was released exactly once")
+	for _, tk := range open {
+		require.NoError(t, r.Release(tk))
+	}
+	require.NoError(t, r.FlushLoad())
+	assert.Equal(t, Load{}, shared(), "every acquire was released exactly once")
 }
 
 func TestHealthEjectsAndRecovers(t *testing.T) {
@@ -192,7 +203,7 @@ func TestHealthEjectsAndRecovers(t *testing.T) {
 	r := NewRouter(cfg, NewMemoryStore(), clock.now)
 	d := r.Decide(convRequest("pinned"), NoRank)
 	bad := d.Target
-	_, _ = r.Release(d.Ticket)
+	_ = r.Release(d.Ticket)
 	for i := 0; i < 2; i++ {
 		ej, err := r.ReportHealth(bad, false, true)
 		require.NoError(t, err)
@@ -215,11 +226,11 @@ func TestHealthEjectsAndRecovers(t *testing.T) {
 	assert.Equal(t, KindNewConversation, d.Kind)
 	assert.NotEqual(t, bad.Address, d.Target.Address)
 	moved := d.Target
-	_, _ = r.Release(d.Ticket)
+	_ = r.Release(d.Ticket)
 	for i := 0; i < 30; i++ {
 		d := r.Decide(&Request{Tokens: 5, Identity: uint64(i)}, NoRank)
 		assert.NotEqual(t, bad.Address, d.Target.Address)
-		_, _ = r.Release(d.Ticket)
+		_ = r.Release(d.Ticket)
 	}
 	// The new mapping holds after the cooldown.
 	clock.ms += 5001
@@ -230,7 +241,7 @@ func TestHealthEjectsAndRecovers(t *testing.T) {
 	for i := 0; i < 30; i++ {
 		d := r.Decide(&Request{Tokens: 5, Identity: uint64(i)}, NoRank)
 		seen[d.Target.Address] = true
-		_, _ = r.Release(d.Ticket)
+		_ = r.Release(d.Ticket)
 	}
 	assert.True(t, seen[bad.Address], "after the cooldown the endpoint takes traffic again")
 }
@@ -245,4 +256,44 @@ func TestAllEjectedStillRoutes(t *testing.T) {
 	d := r.Decide(&Request{Tokens: 5}, NoRank)
 	assert.Equal(t, KindLoad, d.Kind)
 	assert.NotEmpty(t, d.Target.Address)
+}
+
+// A VM sees its own changes at once; another VM sees them once they are written — at
+// the tick's flush, or when the batch fills.
+func TestLedgerBatchesChangesPerVM(t *testing.T) {
+	store, clock := NewMemoryStore(), &fakeClock{ms: 1e6}
+	cfg := testConfig(t, "")
+	a, b := NewRouter(cfg, store, clock.now), NewRouter(cfg, store, clock.now)
+	target := a.DecodeTargets()[0].ID
+	tk, err := a.decode.ledger.Acquire(target, 100, clock.ms)
+	require.NoError(t, err)
+	assert.Equal(t, Load{Requests: 1, Tokens: 100}, ledgerTotal(t, a), "a VM's own change counts at once")
+	assert.Equal(t, Load{}, ledgerTotal(t, b), "another VM sees it only once written")
+	require.NoError(t, a.FlushLoad())
+	require.NoError(t, b.FlushLoad())
+	assert.Equal(t, Load{Requests: 1, Tokens: 100}, ledgerTotal(t, b))
+
+	// A full batch is written without waiting for the tick.
+	var tickets []LoadTicket
+	for i := 1; i < ledgerBatch; i++ {
+		tk, err := a.decode.ledger.Acquire(target, 1, clock.ms)
+		require.NoError(t, err)
+		tickets = append(tickets, tk)
+	}
+	require.NoError(t, b.FlushLoad())
+	assert.Equal(t, int64(1), ledgerTotal(t, b).Requests, "one short of a full batch: not yet written")
+	_, err = a.decode.ledger.Acquire(target, 1, clock.ms)
+	require.NoError(t, err)
+	require.NoError(t, b.FlushLoad())
+	assert.Equal(t, int64(1+ledgerBatch), ledgerTotal(t, b).Requests, "a full batch is written at once")
+
+	// Releases merge with acquires of the same slot in the batch.
+	require.NoError(t, a.decode.ledger.Release(tk, clock.ms))
+	for _, tk := range tickets {
+		require.NoError(t, a.decode.ledger.Release(tk, clock.ms))
+	}
+	assert.Equal(t, Load{Requests: 1, Tokens: 1}, ledgerTotal(t, a))
+	require.NoError(t, a.FlushLoad())
+	require.NoError(t, b.FlushLoad())
+	assert.Equal(t, Load{Requests: 1, Tokens: 1}, ledgerTotal(t, b))
 }

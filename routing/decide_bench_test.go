@@ -30,6 +30,6 @@ func BenchmarkRequestPath(b *testing.B) {
 		req = Request{Prompt: req.Prompt[:0], Identity: uint64(i)}
 		_ = Extract(APIChatCompletions, bodies[i%len(bodies)], opt, &req)
 		d := r.Decide(&req, NoRank)
-		_, _ = r.Release(d.Ticket)
+		_ = r.Release(d.Ticket)
 	}
 }

@@ -53,8 +53,6 @@ type Decision struct {
 	// failed) releases nothing.
 	Ticket        LoadTicket
 	PrefillTicket LoadTicket
-	// Load is the decode ledger just after this decision, for gauges.
-	Load LoadChange
 
 	// StateFailed says a shared-state operation failed (CAS retries exhausted or a
 	// host error) while deciding; the filter counts kvroute_state_conflicts.

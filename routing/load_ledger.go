@@ -5,25 +5,41 @@ import (
 )
 
 // LoadLedger keeps the active requests and active (estimated prompt) tokens of every
-// target of a pool in one shared-data key, so a decision reads the whole pool's load
-// with one host call. Load is counted in time slots of lease/ledgerSlots: a request
-// adds to the slot of its start time and its release takes from that same slot, and
-// slots older than the lease are dropped. So a completion that never arrives (a VM
-// restart, a lost stream) stops counting after lease_ms, give or take one slot.
+// target of a pool in one shared-data key. Load is counted in time slots of
+// lease/ledgerSlots: a request adds to the slot of its start time and its release
+// takes from that same slot, and slots older than the lease are dropped. So a
+// completion that never arrives (a VM restart, a lost stream) stops counting after
+// lease_ms, give or take one slot.
 //
-// The ledger remembers the value and CAS token of its last read, and tries the next
-// update against them before reading again: a decision reads the ledger anyway, so
-// its update is then a single write. (After a write the token is unknown — Envoy's
-// tokens come from one counter for all keys — so the next update reads first.)
+// Each VM batches its changes: an acquire or release lands in the VM's own view at
+// once and is written to the shared key, under compare-and-swap, with the others of
+// its batch — after ledgerBatch changes, or on the tick (Flush), whichever comes
+// first. A decision reads no shared data for load: it sees the key as this VM last
+// read or wrote it plus its own unwritten changes, so other VMs' load reaches it at
+// its next flush, within a tick. One write per batch instead of a read and a write
+// per change is what keeps the ledger's cost per request near zero, and it takes the
+// contention off the key when many VMs share it.
 type LoadLedger struct {
 	store   Store
 	key     string
 	retries int
 	slotMS  int64
 
-	cached    []byte // the value last read or written, with its CAS token
-	cachedCAS uint32
+	seen    []byte // the key as this VM last read or wrote it
+	read    bool   // seen holds a read (or a write) of the key
+	pending []ledgerDelta
 }
+
+// ledgerDelta is one target-slot's change not yet written to the shared key.
+type ledgerDelta struct {
+	target   uint64
+	epoch    int64
+	requests int64
+	tokens   int64
+}
+
+// ledgerBatch is how many acquires and releases a VM holds before it writes them.
+const ledgerBatch = 16
 
 const (
 	ledgerFormat = 1
@@ -45,13 +61,6 @@ type LoadTicket struct {
 	Epoch  int64
 	Tokens int64
 	Valid  bool
-}
-
-// LoadChange is what a ledger change leaves behind: the target's load and the pool's
-// active requests.
-type LoadChange struct {
-	Target        Load
-	TotalRequests int64
 }
 
 // NewLoadLedger returns the ledger of one pool.
@@ -150,150 +159,194 @@ func encodeLedger(entries []ledgerEntry) []byte {
 	return out
 }
 
-// LoadsInto reads the ledger and adds each target's live load to dst[index(id)], for
-// targets index knows (index returns -1 for others), without allocating.
+// LoadsInto adds each live target's load, as this VM sees it, to dst[index(id)],
+// for targets index knows (index returns -1 for others), without allocating. It reads
+// the shared key only the first time; after that Flush keeps the view current.
 func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) error {
-	v, cas, err := l.store.Get(l.key)
-	if err == ErrNotFound {
-		l.cached, l.cachedCAS = nil, 0
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	l.cached, l.cachedCAS = v, cas
-	if len(v) < 1 || v[0] != ledgerFormat {
-		return nil
+	if !l.read {
+		if err := l.refresh(); err != nil {
+			return err
+		}
 	}
 	oldest := l.oldestLiveEpoch(nowMS)
-	for v = v[1:]; len(v) >= ledgerTargetHeader; {
-		i := index(binary.LittleEndian.Uint64(v))
-		n := int(v[8])
-		v = v[ledgerTargetHeader:]
-		if len(v) < n*ledgerSlotBytes {
-			return nil
-		}
-		for ; n > 0; n-- {
-			if i >= 0 && int64(binary.LittleEndian.Uint64(v)) > oldest {
-				dst[i].Requests += int64(binary.LittleEndian.Uint32(v[8:]))
-				dst[i].Tokens += int64(binary.LittleEndian.Uint64(v[12:]))
+	if v := l.seen; len(v) >= 1 && v[0] == ledgerFormat {
+		for v = v[1:]; len(v) >= ledgerTargetHeader; {
+			i := index(binary.LittleEndian.Uint64(v))
+			n := int(v[8])
+			v = v[ledgerTargetHeader:]
+			if len(v) < n*ledgerSlotBytes {
+				break
 			}
-			v = v[ledgerSlotBytes:]
+			for ; n > 0; n-- {
+				if i >= 0 && int64(binary.LittleEndian.Uint64(v)) > oldest {
+					dst[i].Requests += int64(binary.LittleEndian.Uint32(v[8:]))
+					dst[i].Tokens += int64(binary.LittleEndian.Uint64(v[12:]))
+				}
+				v = v[ledgerSlotBytes:]
+			}
+		}
+	}
+	for _, d := range l.pending {
+		if i := index(d.target); i >= 0 && d.epoch > oldest {
+			// A release may reach a slot this view has not seen the acquire of yet.
+			dst[i].Requests = max(0, dst[i].Requests+d.requests)
+			dst[i].Tokens = max(0, dst[i].Tokens+d.tokens)
 		}
 	}
 	return nil
 }
 
-// Snapshot returns the live load of every target that has any.
+// refresh reads the shared key into the view.
+func (l *LoadLedger) refresh() error {
+	v, _, err := l.store.Get(l.key)
+	switch {
+	case err == ErrNotFound:
+		v = nil
+	case err != nil:
+		return err
+	}
+	l.seen, l.read = v, true
+	return nil
+}
+
+// Snapshot returns the live load of every target that has any, as this VM sees it.
 func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
-	v, cas, err := l.store.Get(l.key)
-	if err == ErrNotFound {
-		l.cached, l.cachedCAS = nil, 0
-		return map[uint64]Load{}, nil
+	if !l.read {
+		if err := l.refresh(); err != nil {
+			return nil, err
+		}
 	}
-	if err != nil {
-		return nil, err
-	}
-	l.cached, l.cachedCAS = v, cas
-	entries := decodeLedger(v, l.oldestLiveEpoch(nowMS))
+	entries := decodeLedger(l.seen, l.oldestLiveEpoch(nowMS))
+	entries = applyDeltas(entries, l.pending, l.oldestLiveEpoch(nowMS))
 	out := make(map[uint64]Load, len(entries))
 	for i := range entries {
-		out[entries[i].target] = entries[i].load()
+		if ld := entries[i].load(); ld.Requests > 0 || ld.Tokens > 0 {
+			out[entries[i].target] = ld
+		}
 	}
 	return out, nil
 }
 
-// change applies fn to one target's slots under compare-and-swap, trying the cached
-// value first.
-func (l *LoadLedger) change(target uint64, nowMS int64, fn func(slots []ledgerSlot) []ledgerSlot) (LoadChange, error) {
-	oldest := l.oldestLiveEpoch(nowMS)
-	apply := func(old []byte) ([]byte, LoadChange) {
-		entries := decodeLedger(old, oldest)
+// applyDeltas adds deltas to entries, slot by slot, never below zero; deltas to
+// slots at or before oldest have expired and are dropped.
+func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []ledgerEntry {
+	for _, d := range deltas {
+		if d.epoch <= oldest {
+			continue
+		}
 		i := 0
-		for i < len(entries) && entries[i].target != target {
+		for i < len(entries) && entries[i].target != d.target {
 			i++
 		}
 		if i == len(entries) {
-			entries = append(entries, ledgerEntry{target: target})
+			entries = append(entries, ledgerEntry{target: d.target})
 		}
-		entries[i].slots = fn(entries[i].slots)
-		c := LoadChange{Target: entries[i].load()}
-		for j := range entries {
-			c.TotalRequests += entries[j].load().Requests
+		e := &entries[i]
+		j := 0
+		for j < len(e.slots) && e.slots[j].epoch != d.epoch {
+			j++
 		}
-		return encodeLedger(entries), c
+		if j == len(e.slots) {
+			e.slots = append(e.slots, ledgerSlot{epoch: d.epoch})
+		}
+		e.slots[j].requests = max(0, e.slots[j].requests+d.requests)
+		e.slots[j].tokens = max(0, e.slots[j].tokens+d.tokens)
 	}
-	if l.cached != nil || l.cachedCAS != 0 {
-		next, c := apply(l.cached)
-		err := l.store.Set(l.key, next, l.cachedCAS)
-		l.cached, l.cachedCAS = nil, 0
-		if err == nil {
-			return c, nil
-		} else if err != ErrCASMismatch {
-			return LoadChange{}, err
-		}
-	}
-	for attempt := 0; attempt <= l.retries; attempt++ {
-		old, cas, err := l.store.Get(l.key)
-		if err == ErrNotFound {
-			old, cas = nil, 0
-		} else if err != nil {
-			return LoadChange{}, err
-		}
-		next, c := apply(old)
-		err = l.store.Set(l.key, next, cas)
-		if err == nil {
-			return c, nil
-		}
-		if err != ErrCASMismatch {
-			return LoadChange{}, err
-		}
-	}
-	return LoadChange{}, ErrStateConflict
+	return entries
 }
 
-// Acquire adds one request of tokens to target and returns its ticket and the load
-// afterwards.
-func (l *LoadLedger) Acquire(target uint64, tokens int64, nowMS int64) (LoadTicket, LoadChange, error) {
-	epoch := nowMS / l.slotMS
-	c, err := l.change(target, nowMS, func(slots []ledgerSlot) []ledgerSlot {
-		for i := range slots {
-			if slots[i].epoch == epoch {
-				slots[i].requests++
-				slots[i].tokens += tokens
-				return slots
-			}
+// note records a change in the VM's batch, merged with one to the same slot, and
+// writes the batch when it is full.
+func (l *LoadLedger) note(d ledgerDelta, nowMS int64) error {
+	merged := false
+	for i := range l.pending {
+		if p := &l.pending[i]; p.target == d.target && p.epoch == d.epoch {
+			p.requests += d.requests
+			p.tokens += d.tokens
+			merged = true
+			break
 		}
-		return append(slots, ledgerSlot{epoch: epoch, requests: 1, tokens: tokens})
-	})
-	if err != nil {
-		return LoadTicket{}, LoadChange{}, err
 	}
-	return LoadTicket{Target: target, Epoch: epoch, Tokens: tokens, Valid: true}, c, nil
+	if !merged {
+		l.pending = append(l.pending, d)
+	}
+	if len(l.pending) >= ledgerBatch || l.changes() >= ledgerBatch {
+		return l.Flush(nowMS)
+	}
+	return nil
+}
+
+// changes counts the acquires and releases in the batch.
+func (l *LoadLedger) changes() int {
+	n := 0
+	for _, d := range l.pending {
+		n += int(max(d.requests, -d.requests))
+	}
+	return n
+}
+
+// Flush writes the VM's batch into the shared key under compare-and-swap, dropping
+// expired slots on the way, and takes the key's current value as the VM's view. With
+// nothing to write it only reads. On failure the batch is kept for the next flush.
+func (l *LoadLedger) Flush(nowMS int64) error {
+	oldest := l.oldestLiveEpoch(nowMS)
+	for attempt := 0; attempt <= l.retries; attempt++ {
+		old, cas, err := l.store.Get(l.key)
+		switch {
+		case err == ErrNotFound:
+			old, cas = nil, 0
+		case err != nil:
+			return err
+		}
+		entries := decodeLedger(old, oldest)
+		if len(l.pending) == 0 && len(entries) == countEntries(old) {
+			l.seen, l.read = old, true // nothing to write, nothing expired
+			return nil
+		}
+		next := encodeLedger(applyDeltas(entries, l.pending, oldest))
+		err = l.store.Set(l.key, next, cas)
+		if err == nil {
+			l.seen, l.read, l.pending = next, true, l.pending[:0]
+			return nil
+		}
+		if err != ErrCASMismatch {
+			return err
+		}
+	}
+	return ErrStateConflict
+}
+
+// countEntries is how many target entries an encoded ledger holds (0 if unreadable).
+func countEntries(v []byte) int {
+	if len(v) < 1 || v[0] != ledgerFormat {
+		return 0
+	}
+	n := 0
+	for v = v[1:]; len(v) >= ledgerTargetHeader; n++ {
+		slots := int(v[8])
+		v = v[ledgerTargetHeader:]
+		if len(v) < slots*ledgerSlotBytes {
+			return 0
+		}
+		v = v[slots*ledgerSlotBytes:]
+	}
+	return n
+}
+
+// Acquire adds one request of tokens to target and returns its ticket. The ticket is
+// good even when writing the batch failed (the error says so): the change stays in
+// the batch for the next flush.
+func (l *LoadLedger) Acquire(target uint64, tokens int64, nowMS int64) (LoadTicket, error) {
+	epoch := nowMS / l.slotMS
+	err := l.note(ledgerDelta{target: target, epoch: epoch, requests: 1, tokens: tokens}, nowMS)
+	return LoadTicket{Target: target, Epoch: epoch, Tokens: tokens, Valid: true}, err
 }
 
 // Release takes a ticket's load back from the slot it was added to. A ticket whose
 // slot has expired releases nothing: the lease already dropped it.
-func (l *LoadLedger) Release(t LoadTicket, nowMS int64) (LoadChange, error) {
-	return l.change(t.Target, nowMS, func(slots []ledgerSlot) []ledgerSlot {
-		for i := range slots {
-			if slots[i].epoch == t.Epoch {
-				slots[i].requests = max(0, slots[i].requests-1)
-				slots[i].tokens = max(0, slots[i].tokens-t.Tokens)
-			}
-		}
-		return slots
-	})
-}
-
-// Sweep rewrites the ledger without its expired slots. Reads already ignore them;
-// the sweep keeps the stored value small.
-func (l *LoadLedger) Sweep(nowMS int64) error {
-	return update(l.store, l.key, l.retries, func(old []byte) ([]byte, bool) {
-		if old == nil {
-			return nil, false
-		}
-		next := encodeLedger(decodeLedger(old, l.oldestLiveEpoch(nowMS)))
-		return next, len(next) != len(old)
-	})
+func (l *LoadLedger) Release(t LoadTicket, nowMS int64) error {
+	if t.Epoch <= l.oldestLiveEpoch(nowMS) {
+		return nil
+	}
+	return l.note(ledgerDelta{target: t.Target, epoch: t.Epoch, requests: -1, tokens: -t.Tokens}, nowMS)
 }

@@ -50,8 +50,8 @@ func TestUncachedOnlyCountsTokensNotOnTheDecodeTarget(t *testing.T) {
 	history := words(rng, 4000) // 1000 tokens
 	first := r.Decide(textRequest(history, 1), NoRank)
 	assert.Equal(t, PDDisaggregated, first.PD, "nothing cached yet")
-	_, _ = r.Release(first.Ticket)
-	_, _ = r.ReleasePrefill(first.PrefillTicket)
+	_ = r.Release(first.Ticket)
+	_ = r.ReleasePrefill(first.PrefillTicket)
 	// The next turn adds 100 tokens: 1100 in all, but only ~100 not cached on the decoder.
 	d := r.Decide(textRequest(history+words(rng, 400), 2), NoRank)
 	assert.Equal(t, KindContinuation, d.Kind)
@@ -74,10 +74,10 @@ func TestPrefillIsStickyForConversationsAndHasItsOwnLedger(t *testing.T) {
 			prefill = d.Prefill.Address + "#" + d.Prefill.RankText
 		}
 		assert.Equal(t, prefill, d.Prefill.Address+"#"+d.Prefill.RankText, "turn %d", turn)
-		_, _ = r.Release(d.Ticket)
+		_ = r.Release(d.Ticket)
 		// The prefill leg ends before the next turn, except the last one's.
 		for _, tk := range tickets {
-			_, _ = r.ReleasePrefill(tk)
+			_ = r.ReleasePrefill(tk)
 		}
 		tickets = []LoadTicket{d.PrefillTicket}
 	}
@@ -89,7 +89,7 @@ func TestPrefillIsStickyForConversationsAndHasItsOwnLedger(t *testing.T) {
 	}
 	assert.Equal(t, int64(1), n, "prefill load is kept apart from decode load")
 	for _, tk := range tickets {
-		_, err := r.ReleasePrefill(tk)
+		err := r.ReleasePrefill(tk)
 		require.NoError(t, err)
 	}
 	loads, _ = r.prefill.ledger.Snapshot(1e6)
@@ -110,7 +110,7 @@ func TestPrefillSpreadsAcrossThePrefillPool(t *testing.T) {
 	// Three prefill targets (10.0.2.1 has two ranks), ten each with load in flight.
 	assert.Equal(t, map[string]int{"10.0.2.1:8000#0": 10, "10.0.2.1:8000#1": 10, "10.0.2.2:8000#0": 10}, seen)
 	for _, d := range held {
-		_, _ = r.Release(d.Ticket)
-		_, _ = r.ReleasePrefill(d.PrefillTicket)
+		_ = r.Release(d.Ticket)
+		_ = r.ReleasePrefill(d.PrefillTicket)
 	}
 }

@@ -45,7 +45,7 @@ func TestChatsWithoutIDsFollowTheirHistory(t *testing.T) {
 				assert.Equal(t, KindContinuation, d.Kind, "chat %d turn %d", c, turn)
 				assert.Equal(t, home[c], d.Target.Address, "chat %d turn %d", c, turn)
 			}
-			_, _ = r.Release(d.Ticket)
+			_ = r.Release(d.Ticket)
 		}
 	}
 	spread := map[string]int{}
@@ -60,15 +60,15 @@ func TestSharedDocumentAttractsItsQuestions(t *testing.T) {
 	rng := rand.New(rand.NewSource(2))
 	doc := words(rng, 20000)
 	first := r.Decide(textRequest(doc+" Q: summarise", 1), NoRank)
-	_, _ = r.Release(first.Ticket)
+	_ = r.Release(first.Ticket)
 	for q := 0; q < 10; q++ {
 		// Other traffic in between.
 		other := r.Decide(textRequest(words(rng, 3000), rng.Uint64()), NoRank)
 		d := r.Decide(textRequest(doc+fmt.Sprintf(" Q%d: %s", q, words(rng, 200)), rng.Uint64()), NoRank)
 		assert.Contains(t, []Kind{KindContinuation, KindPrefix}, d.Kind)
 		assert.Equal(t, first.Target.Address, d.Target.Address, "question %d", q)
-		_, _ = r.Release(d.Ticket)
-		_, _ = r.Release(other.Ticket)
+		_ = r.Release(d.Ticket)
+		_ = r.Release(other.Ticket)
 	}
 }
 
@@ -87,7 +87,7 @@ func TestSharedSystemPromptUnderTheGateSpreadsByLoad(t *testing.T) {
 	}
 	assert.Equal(t, map[string]int{"10.0.0.1:8000": 10, "10.0.0.2:8000": 10, "10.0.0.3:8000": 10}, seen)
 	for _, tk := range held {
-		_, _ = r.Release(tk)
+		_ = r.Release(tk)
 	}
 }
 
@@ -103,8 +103,8 @@ func TestGateBoundaryIsStrict(t *testing.T) {
 			// Seed the shared blocks on one target and keep a little load on it, so
 			// load alone would choose another target.
 			seed := r.Decide(textRequest(shared+words(rng, 64*9), 1), NoRank)
-			_, _ = r.Release(seed.Ticket)
-			_, _, err := r.decode.ledger.Acquire(seed.Target.ID, 10, 1e6)
+			_ = r.Release(seed.Ticket)
+			_, err := r.decode.ledger.Acquire(seed.Target.ID, 10, 1e6)
 			require.NoError(t, err)
 			// 10 blocks, 160 tokens: 1 shared block is a rate of exactly 0.1.
 			req := textRequest(shared+words(rng, 640-64*c.sharedBlocks), 2)
@@ -131,7 +131,7 @@ func TestSkipBlocksKeepsASharedPrefixFromLookingLikeAContinuation(t *testing.T) 
 		t.Run(c.skip, func(t *testing.T) {
 			r := NewRouter(testConfig(t, `,"prefix":{"skip_blocks":`+c.skip+`}`), NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 			first := r.Decide(textRequest(system+words(rng, 64*3), 1), NoRank)
-			_, _ = r.Release(first.Ticket)
+			_ = r.Release(first.Ticket)
 			// 12 of 15 blocks match (0.8 ≥ 0.75), but all of them are the system prompt.
 			d := r.Decide(textRequest(system+tail, 2), NoRank)
 			assert.Equal(t, c.want, d.Kind)
@@ -144,7 +144,7 @@ func TestContinuationOfA300kCharacterPrompt(t *testing.T) {
 	rng := rand.New(rand.NewSource(6))
 	long := words(rng, 300_000)
 	first := r.Decide(textRequest(long, 1), NoRank)
-	_, _ = r.Release(first.Ticket)
+	_ = r.Release(first.Ticket)
 	for i := 0; i < 5; i++ {
 		o := r.Decide(textRequest(words(rng, 5000), rng.Uint64()), NoRank)
 		defer r.Release(o.Ticket)
@@ -170,7 +170,7 @@ func TestTokenIDPromptsMatchByIDBlocks(t *testing.T) {
 		return &Request{Model: "m", Prompt: b, BlockBytes: 16 * 4, Tokens: len(b) / 4, Identity: id}
 	}
 	first := r.Decide(req(p, 1), NoRank)
-	_, _ = r.Release(first.Ticket)
+	_ = r.Release(first.Ticket)
 	d := r.Decide(req(append(append([]byte(nil), p...), ids(40, 10)...), 2), NoRank)
 	assert.Equal(t, KindContinuation, d.Kind)
 	assert.Equal(t, first.Target.ID, d.Target.ID)
@@ -190,7 +190,7 @@ func TestFirstTurnScoreUsesThePrefix(t *testing.T) {
 			home = d.Target.ID
 		}
 		assert.Equal(t, home, d.Target.ID, "a long shared system prompt draws new conversations")
-		_, _ = r.Release(d.Ticket)
+		_ = r.Release(d.Ticket)
 	}
 }
 
@@ -201,6 +201,6 @@ func TestPrefixDisabledRoutesByLoad(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		d := r.Decide(textRequest(long, uint64(i)), NoRank)
 		assert.Equal(t, KindLoad, d.Kind)
-		_, _ = r.Release(d.Ticket)
+		_ = r.Release(d.Ticket)
 	}
 }

@@ -366,7 +366,7 @@ func (r *Router) Decide(req *Request, rank int) Decision {
 	if err != nil {
 		d = r.fallback(r.decode, req, rank)
 	} else {
-		d = Decision{Kind: c.kind, Target: c.target, Ticket: c.ticket, Load: c.load, StateFailed: c.stateFailed}
+		d = Decision{Kind: c.kind, Target: c.target, Ticket: c.ticket, StateFailed: c.stateFailed}
 	}
 	if r.cfg.Disaggregation.Mode == ModeOff {
 		return d
@@ -391,7 +391,6 @@ type chosen struct {
 	kind        Kind
 	target      Target
 	ticket      LoadTicket
-	load        LoadChange
 	stateFailed bool // the prefix record or the load update failed
 }
 
@@ -435,8 +434,8 @@ func (r *Router) choose(p *poolState, req *Request, pr *prompt, rank int, nowMS 
 	if len(pr.cps) > 0 {
 		p.index.Record(pr.cps, c.target.ID)
 	}
-	c.ticket, c.load, err = p.ledger.Acquire(c.target.ID, int64(req.Tokens), nowMS)
-	if err != nil {
+	c.ticket, err = p.ledger.Acquire(c.target.ID, int64(req.Tokens), nowMS)
+	if err != nil { // the load is held in the batch all the same
 		c.stateFailed = true
 	}
 	return c, nil
@@ -608,18 +607,19 @@ func (r *Router) rankExists(p *poolState, rank int) bool {
 	return false
 }
 
-// Release hands a decode ticket back; the returned load is the target's afterwards.
-func (r *Router) Release(t LoadTicket) (LoadChange, error) {
+// Release hands a decode ticket back. An error means the batch it joined could not be
+// written yet; the release itself is kept and written at the next flush.
+func (r *Router) Release(t LoadTicket) error {
 	if !t.Valid {
-		return LoadChange{}, nil
+		return nil
 	}
 	return r.decode.ledger.Release(t, r.now())
 }
 
 // ReleasePrefill hands a prefill ticket back.
-func (r *Router) ReleasePrefill(t LoadTicket) (LoadChange, error) {
+func (r *Router) ReleasePrefill(t LoadTicket) error {
 	if !t.Valid {
-		return LoadChange{}, nil
+		return nil
 	}
 	return r.prefill.ledger.Release(t, r.now())
 }
@@ -646,11 +646,15 @@ func (r *Router) SyncPrefixes() error {
 	return err
 }
 
-// Sweep drops expired load from both ledgers.
-func (r *Router) Sweep() error {
-	err := r.decode.ledger.Sweep(r.now())
-	if err2 := r.prefill.ledger.Sweep(r.now()); err == nil {
-		err = err2
+// FlushLoad writes this VM's batched load changes to both ledgers, drops expired
+// slots, and reads what the other VMs wrote. It runs on the tick.
+func (r *Router) FlushLoad() error {
+	now := r.now()
+	err := r.decode.ledger.Flush(now)
+	if len(r.prefill.targets.Targets) > 0 {
+		if err2 := r.prefill.ledger.Flush(now); err == nil {
+			err = err2
+		}
 	}
 	return err
 }

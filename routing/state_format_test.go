@@ -72,7 +72,7 @@ func TestStateFormatConversationBucket(t *testing.T) {
 			sfStore(t, store, key, sfConvBucket(f, id, third.ID))
 			d := r.Decide(convRequest("conv-a"), NoRank)
 			require.False(t, d.StateFailed)
-			_, _ = r.Release(d.Ticket)
+			_ = r.Release(d.Ticket)
 			if f == conversationFormat {
 				assert.Equal(t, KindSticky, d.Kind, "control: the known format is read")
 				assert.Equal(t, third.ID, d.Target.ID)
@@ -86,7 +86,7 @@ func TestStateFormatConversationBucket(t *testing.T) {
 			d2 := r.Decide(convRequest("conv-a"), NoRank)
 			assert.Equal(t, KindSticky, d2.Kind)
 			assert.Equal(t, d.Target.ID, d2.Target.ID)
-			_, _ = r.Release(d2.Ticket)
+			_ = r.Release(d2.Ticket)
 		})
 	}
 	t.Run("torn value", func(t *testing.T) {
@@ -117,10 +117,11 @@ func TestStateFormatLedger(t *testing.T) {
 			assert.Equal(t, Load{}, ledgerTotal(t, r), "load in an unknown format is absent")
 			d := r.Decide(&Request{Tokens: 10, Identity: 1}, NoRank)
 			require.True(t, d.Ticket.Valid)
+			require.NoError(t, r.FlushLoad())
 			v := sfGet(t, store, key)
 			assert.Equal(t, byte(ledgerFormat), v[0])
 			assert.Len(t, v, 1+ledgerTargetHeader+ledgerSlotBytes, "rewritten fresh: only the new request")
-			_, err := r.Release(d.Ticket)
+			err := r.Release(d.Ticket)
 			require.NoError(t, err)
 			assert.Equal(t, Load{}, ledgerTotal(t, r))
 		})
@@ -132,7 +133,7 @@ func TestStateFormatLedger(t *testing.T) {
 		sfStore(t, store, "kvroute/load/decode", v[:len(v)-3])
 		assert.Equal(t, Load{}, ledgerTotal(t, r))
 		d := r.Decide(&Request{Tokens: 10, Identity: 1}, NoRank)
-		_, _ = r.Release(d.Ticket)
+		_ = r.Release(d.Ticket)
 		assert.Equal(t, Load{}, ledgerTotal(t, r))
 	})
 }
@@ -150,7 +151,7 @@ func TestStateFormatHealth(t *testing.T) {
 			for i := 0; i < 30; i++ {
 				d := r.Decide(&Request{Tokens: 10, Identity: uint64(i)}, NoRank)
 				seen[d.Target.Address] = true
-				_, _ = r.Release(d.Ticket)
+				_ = r.Release(d.Ticket)
 			}
 			if f == healthFormat {
 				assert.False(t, seen[first.Address], "control: the known format ejects")
@@ -177,7 +178,7 @@ func TestStateFormatCursor(t *testing.T) {
 			sfStore(t, store, key, sfCursor(f, 2))
 			d := r.Decide(convRequest("new"), NoRank)
 			require.Equal(t, KindNewConversation, d.Kind)
-			_, _ = r.Release(d.Ticket)
+			_ = r.Release(d.Ticket)
 			if f == cursorFormat {
 				assert.Equal(t, r.DecodeTargets()[2].ID, d.Target.ID, "control: the known format is read")
 				return
@@ -227,7 +228,7 @@ func TestStateFormatEverythingOldAtOnce(t *testing.T) {
 		}
 	}
 	for _, tk := range tickets {
-		_, err := r.Release(tk)
+		err := r.Release(tk)
 		require.NoError(t, err)
 	}
 	assert.Equal(t, Load{}, ledgerTotal(t, r))

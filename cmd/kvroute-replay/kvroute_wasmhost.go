@@ -180,8 +180,10 @@ func (p *kvrouteWasm) Counter(name string) uint64 {
 	return n
 }
 
-// Gauge reads one of the filter's gauges (0 if it is not defined).
+// Gauge reads one of the filter's gauges (0 if it is not defined). The filter sets
+// its gauges on the tick, so one more tick runs first (not counted in the report).
 func (p *kvrouteWasm) Gauge(name string) uint64 {
+	p.host.Tick()
 	n, _ := p.host.GetGaugeMetric(name)
 	return n
 }
