@@ -663,17 +663,9 @@ func valueEnd(s string, i int) int {
 // stringEnd returns the index just past the closing quote of the string that starts
 // at s[i] == '"', or len(s) if it is not closed.
 func stringEnd(s string, i int) int {
-	for j := i + 1; j < len(s); j++ {
-		q := strings.IndexByte(s[j:], '"')
-		if q < 0 {
-			break
-		}
-		j += q
-		bs := 0 // backslashes just before the quote
-		for k := j - 1; k > i && s[k] == '\\'; k-- {
-			bs++
-		}
-		if bs%2 == 0 {
+	for j := i + 1; j < len(s); j += 2 { // past an escape: the backslash and its letter
+		j = quoteOrEscape(s, j)
+		if j < len(s) && s[j] == '"' {
 			return j + 1
 		}
 	}
@@ -685,21 +677,16 @@ func stringEnd(s string, i int) int {
 // It finds the end and decodes in one pass.
 func appendString(dst []byte, s string, i int) (_ []byte, end int) {
 	i++
-	q := -1 // the next '"' at or after i, while q >= i
 	for i < len(s) {
-		if q < i {
-			n := strings.IndexByte(s[i:], '"')
-			if n < 0 {
-				return append(dst, s[i:]...), len(s)
-			}
-			q = i + n
+		j := quoteOrEscape(s, i)
+		dst = append(dst, s[i:j]...)
+		if j >= len(s) {
+			break
 		}
-		b := strings.IndexByte(s[i:q], '\\')
-		if b < 0 {
-			return append(dst, s[i:q]...), q + 1
+		if s[j] == '"' {
+			return dst, j + 1
 		}
-		dst = append(dst, s[i:i+b]...)
-		i += b + 2 // past the backslash and the escape letter
+		i = j + 2 // past the backslash and the escape letter
 		if i > len(s) {
 			break
 		}

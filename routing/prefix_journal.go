@@ -26,7 +26,14 @@ type prefixJournal struct {
 	lastRegister int64
 	registry     []journalSlot // as last read
 	peers        [journalSlots]journalPeer
-	outbox       []byte // queued entries: hash(8) target(4)
+	outbox       []journalRecord // queued for the next publish
+}
+
+// journalRecord is one queued record; it is encoded (hash(8) target(4)) only when
+// published, as appending bytes one record at a time is slow in wasm.
+type journalRecord struct {
+	hash uint64
+	t32  uint32
 }
 
 const (
@@ -72,11 +79,10 @@ func newPrefixJournal(s Store, namespace, pool string, retries int) *prefixJourn
 // queue adds one record for the other VMs; a full outbox drops its oldest half (those
 // records stay in this VM's table, the others learn them from traffic).
 func (j *prefixJournal) queue(hash uint64, t32 uint32) {
-	if len(j.outbox) >= journalMaxEntries*journalEntryBytes {
+	if len(j.outbox) >= journalMaxEntries {
 		j.outbox = append(j.outbox[:0], j.outbox[len(j.outbox)/2:]...)
 	}
-	j.outbox = binary.LittleEndian.AppendUint64(j.outbox, hash)
-	j.outbox = binary.LittleEndian.AppendUint32(j.outbox, t32)
+	j.outbox = append(j.outbox, journalRecord{hash, t32})
 }
 
 func (j *prefixJournal) slotKey(slot int, name string) string {
@@ -173,11 +179,15 @@ func (j *prefixJournal) publish() error {
 		return nil
 	}
 	j.seq++
-	chunk := make([]byte, journalHeaderBytes, journalHeaderBytes+len(j.outbox))
+	chunk := make([]byte, journalHeaderBytes+len(j.outbox)*journalEntryBytes)
 	chunk[0] = journalFormat
 	binary.LittleEndian.PutUint64(chunk[1:], j.vmid)
 	binary.LittleEndian.PutUint64(chunk[9:], j.seq)
-	chunk = append(chunk, j.outbox...)
+	for i, r := range j.outbox {
+		e := chunk[journalHeaderBytes+i*journalEntryBytes:]
+		binary.LittleEndian.PutUint64(e, r.hash)
+		binary.LittleEndian.PutUint32(e[8:], r.t32)
+	}
 	if err := j.overwrite(j.slotKey(j.slot, strconv.FormatUint(j.seq%journalRing, 10)), chunk); err != nil {
 		return err
 	}

@@ -1,7 +1,5 @@
 package routing
 
-import "math/bits"
-
 // prefixTable is a VM's own copy of a pool's prefix index: a set-associative table of
 // checkpoint entries (8 ways a set, least recently recorded evicted), each keeping the
 // 4 targets that most recently served its prefix. It is plain memory: a lookup or a
@@ -32,8 +30,11 @@ func newPrefixTable(capacity int) *prefixTable {
 	return &prefixTable{sets: uint64(sets), entries: make([]prefixEntry, sets*prefixWays)}
 }
 
+// set maps the hash's top 32 bits onto the sets by a multiply and a shift (Lemire's
+// reduction; the table has far fewer than 2^32 sets): one 64-bit multiply, where
+// bits.Mul64 is a dozen in wasm.
 func (t *prefixTable) set(hash uint64) []prefixEntry {
-	s, _ := bits.Mul64(hash, t.sets)
+	s := (hash >> 32) * t.sets >> 32
 	return t.entries[s*prefixWays : (s+1)*prefixWays]
 }
 

@@ -41,7 +41,9 @@ type poolState struct {
 	viewLoads    []Load
 	viewEligible []int
 	candBuf      []int
-	byID32       map[uint32]int // low 32 bits of a target id → index, as the prefix index keeps them
+	byID32       targetIndex // low 32 bits of a target id → index, as the prefix index keeps them
+	matchedBuf   []int       // per target index: matched blocks of the request being decided
+	tokensBuf    []int       // per target index: matched tokens, gated
 }
 
 // NewRouter builds a Router over store. now returns the current time in milliseconds.
@@ -56,11 +58,13 @@ func NewRouter(cfg *Config, store Store, now func() int64) *Router {
 			cursor:  NewCursor(store, ns, name, retries),
 			index:   NewPrefixIndex(store, ns, name, cfg.Prefix.CapacityBlocks, retries),
 			conv:    NewConversationTable(store, ns, name, cfg.Conversation.MaxSessions, retries),
-			byID32:  map[uint32]int{},
 		}
+		ps.byID32 = newTargetIndex(len(ps.targets.Targets))
 		for i, t := range ps.targets.Targets {
-			ps.byID32[prefixTargetID(t.ID)] = i
+			ps.byID32.put(uint64(prefixTargetID(t.ID)), i)
 		}
+		ps.matchedBuf = make([]int, len(ps.targets.Targets))
+		ps.tokensBuf = make([]int, len(ps.targets.Targets))
 		ps.viewLoads = make([]Load, len(ps.targets.Targets))
 		ps.viewEligible = make([]int, 0, len(ps.targets.Targets))
 		ps.candBuf = make([]int, 0, len(ps.targets.Targets))
@@ -447,10 +451,11 @@ func (r *Router) lookup(v *poolView, pr *prompt) error {
 		return nil
 	}
 	p := v.pool
-	found := p.index.Match(pr.cps, func(t uint32) bool { _, ok := p.byID32[t]; return ok })
-	pr.matched = make([]int, len(p.targets.Targets))
+	found := p.index.Match(pr.cps, func(t uint32) bool { return p.byID32.get(uint64(t)) >= 0 })
+	pr.matched = p.matchedBuf // a VM decides one request at a time
+	clear(pr.matched)
 	for _, m := range found {
-		pr.matched[p.byID32[m.Target]] = m.Blocks
+		pr.matched[p.byID32.get(uint64(m.Target))] = m.Blocks
 	}
 	return nil
 }
@@ -458,11 +463,12 @@ func (r *Router) lookup(v *poolView, pr *prompt) error {
 // matchedTokens converts matched blocks into tokens for the cost, gated: when the
 // best match rate over cands is not strictly above prefix.match_rate_threshold every
 // match counts as 0 (nil).
-func (r *Router) matchedTokens(req *Request, pr *prompt, cands []int) []int {
+func (r *Router) matchedTokens(v *poolView, req *Request, pr *prompt, cands []int) []int {
 	if pr.matched == nil || req.Tokens <= 0 {
 		return nil
 	}
-	out := make([]int, len(pr.matched))
+	out := v.pool.tokensBuf
+	clear(out)
 	best := 0
 	for _, i := range cands {
 		out[i] = min(pr.matched[i]*r.cfg.Prefix.BlockTokens, req.Tokens)
@@ -487,7 +493,7 @@ func (r *Router) placeByPrefix(v *poolView, req *Request, pr *prompt) (int, Kind
 	if i := r.continuation(v, req, pr, cands); i >= 0 {
 		return i, KindContinuation, nil
 	}
-	matched := r.matchedTokens(req, pr, cands)
+	matched := r.matchedTokens(v, req, pr, cands)
 	i := r.cheapest(v, cands, req, matched)
 	if matched != nil && pr.matched[i] > 0 {
 		return i, KindPrefix, nil
@@ -521,7 +527,7 @@ func (r *Router) continuation(v *poolView, req *Request, pr *prompt, cands []int
 	if len(qualified) == 0 {
 		return -1
 	}
-	return r.cheapest(v, qualified, req, r.matchedTokens(req, pr, qualified))
+	return r.cheapest(v, qualified, req, r.matchedTokens(v, req, pr, qualified))
 }
 
 // placeConversation is SPEC §4.1–4.2 for a request with an explicit conversation id.
@@ -558,7 +564,7 @@ func (r *Router) scored(v *poolView, req *Request, pr *prompt) (int, error) {
 	if err := r.lookup(v, pr); err != nil {
 		return -1, err
 	}
-	return r.cheapest(v, cands, req, r.matchedTokens(req, pr, cands)), nil
+	return r.cheapest(v, cands, req, r.matchedTokens(v, req, pr, cands)), nil
 }
 
 // firstTurn places a new conversation by conversation.first_turn.

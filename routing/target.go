@@ -25,12 +25,12 @@ func TargetID(address string, rank int) uint64 {
 type PoolTargets struct {
 	Targets   []Target
 	Endpoints []string
-	byID      map[uint64]int
+	byID      targetIndex
 }
 
 // NewPoolTargets expands a pool's endpoints into targets.
 func NewPoolTargets(p Pool) *PoolTargets {
-	pt := &PoolTargets{byID: map[uint64]int{}}
+	pt := &PoolTargets{}
 	maxDP := 0
 	for _, e := range p.Endpoints {
 		pt.Endpoints = append(pt.Endpoints, e.Address)
@@ -60,9 +60,12 @@ func NewPoolTargets(p Pool) *PoolTargets {
 				BootstrapPort: bp,
 				Endpoint:      i,
 			}
-			pt.byID[t.ID] = len(pt.Targets)
 			pt.Targets = append(pt.Targets, t)
 		}
+	}
+	pt.byID = newTargetIndex(len(pt.Targets))
+	for i, t := range pt.Targets {
+		pt.byID.put(t.ID, i)
 	}
 	return pt
 }
@@ -70,8 +73,5 @@ func NewPoolTargets(p Pool) *PoolTargets {
 // Index returns the position of the target with this ID, or -1 when it is not (or no
 // longer) configured.
 func (pt *PoolTargets) Index(id uint64) int {
-	if i, ok := pt.byID[id]; ok {
-		return i
-	}
-	return -1
+	return pt.byID.get(id)
 }
