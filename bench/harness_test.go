@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/emulatorext"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
@@ -58,6 +59,7 @@ type emulator struct {
 	proxytest.HostEmulator
 	close    func()
 	requests int
+	ends     *emulatorext.StreamEnds
 }
 
 func start(tb testing.TB, name, config string) *emulator {
@@ -73,7 +75,14 @@ func startOn(tb testing.TB, v types.VMContext, config string) *emulator {
 		reset()
 		tb.Fatalf("%s refused its config: %v", name, h.GetCriticalLogs())
 	}
-	return &emulator{HostEmulator: h, close: reset}
+	// Envoy deletes each finished stream's context; the emulator does not, which
+	// would leave every request's context on the guest's heap for its GC to walk.
+	ends := emulatorext.NewStreamEnds(h, v)
+	if !ends.Deletes() || !ends.Forgets() {
+		reset()
+		tb.Fatal("cannot end streams as Envoy does (proxy_on_delete): the SDK or wazero moved a field")
+	}
+	return &emulator{HostEmulator: h, close: reset, ends: ends}
 }
 
 // exchange runs one request through every phase and ends it. Like Envoy, it gives
@@ -88,6 +97,9 @@ func (e *emulator) exchange(path string, body []byte, extra ...[2]string) {
 	}
 	e.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
 	e.CompleteHttpContext(id)
+	if err := e.ends.End(id); err != nil {
+		panic(err)
+	}
 }
 
 // chatBodies returns n distinct chat bodies of about size bytes: a shared system

@@ -147,7 +147,9 @@ func (h *host) route(r request) (dest, rank, decision string) {
 	return dest, rank, decision
 }
 
+// counter reads a counter after a tick: the tick hands over the per-request counts.
 func (h *host) counter(name string) uint64 {
+	h.Tick()
 	v, err := h.GetCounterMetric(name)
 	require.NoError(h.t, err)
 	return v

@@ -166,8 +166,8 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 	c.decision = p.router.Decide(&c.req, c.clientRank)
 	d := &c.decision
 	m := p.metrics
-	m.requestsRouted.Increment(1)
-	m.decisions[d.Kind].Increment(1)
+	m.requestsRouted.add()
+	m.decisions[d.Kind].add()
 	if d.StateFailed {
 		m.stateConflicts.Increment(1)
 	}

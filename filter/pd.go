@@ -29,10 +29,10 @@ func (c *httpContext) startPD(body []byte) (wait bool) {
 	}
 	switch d.PD {
 	case routing.PDDirect:
-		m.pdDirect.Increment(1)
+		m.pdDirect.add()
 		return false
 	case routing.PDDisaggregated:
-		m.pdDisaggregated.Increment(1)
+		m.pdDisaggregated.add()
 	default:
 		return false
 	}

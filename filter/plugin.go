@@ -66,11 +66,13 @@ func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
 	return &httpContext{plugin: p, clientRank: routing.NoRank}
 }
 
-// OnTick shares prefix records between the VMs, writes this VM's batch of load
+// OnTick hands the VM's request counts to Envoy, shares prefix records between the
+// VMs, writes this VM's batch of load
 // changes (dropping expired slots) and reads the others', and sets the gauges from
 // the ledger as it now stands.
 func (p *pluginContext) OnTick() {
 	defer p.recoverFailOpen("tick")
+	p.metrics.flushCounters()
 	if p.cfg.Prefix.Enabled {
 		if err := p.router.SyncPrefixes(); err != nil {
 			p.metrics.stateConflicts.Increment(1)
@@ -90,6 +92,14 @@ func (p *pluginContext) OnTick() {
 		total += loads[i].Requests
 	}
 	setGauge(p.metrics.activeRequests, total)
+}
+
+// OnPluginDone hands over the counts still waiting for a tick.
+func (p *pluginContext) OnPluginDone() bool {
+	if p.metrics != nil {
+		p.metrics.flushCounters()
+	}
+	return true
 }
 
 // recoverFailOpen turns a panic in a callback into a counted fail-open.

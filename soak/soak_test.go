@@ -12,26 +12,22 @@ package soak
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"log"
 	"math/rand"
 	"os"
-	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
 
+	"github.com/kvroute/kvroute/internal/emulatorext"
 	"github.com/kvroute/kvroute/routing"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
-	"github.com/tetratelabs/wazero"
-	"github.com/tetratelabs/wazero/api"
 )
 
 const wasmPath = "../build/kvroute.wasm"
@@ -86,101 +82,6 @@ func (sharedStore) Set(key string, value []byte, cas uint32) error {
 		return routing.ErrCASMismatch
 	}
 	return err
-}
-
-// The emulator has no API to list shared data, forget finished streams or read the
-// guest's memory size; these read unexported fields by reflection (the SDK and wazero
-// versions are pinned in go.mod) and report ok=false if a field moved.
-
-func field(v reflect.Value, name string) (reflect.Value, bool) {
-	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
-		if v.IsNil() {
-			return reflect.Value{}, false
-		}
-		v = v.Elem()
-	}
-	if v.Kind() != reflect.Struct || !v.CanAddr() {
-		return reflect.Value{}, false
-	}
-	f := v.FieldByName(name)
-	if !f.IsValid() {
-		return reflect.Value{}, false
-	}
-	return reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem(), true
-}
-
-// sharedData returns every shared-data key with its value's size.
-func sharedData(emu proxytest.HostEmulator) (map[string]int, bool) {
-	kvs, ok := field(reflect.ValueOf(emu), "rootHostEmulator")
-	if ok {
-		kvs, ok = field(kvs, "sharedDataKVS")
-	}
-	if !ok || kvs.Kind() != reflect.Map {
-		return nil, false
-	}
-	out := map[string]int{}
-	for it := kvs.MapRange(); it.Next(); {
-		data, ok := field(it.Value(), "data")
-		if !ok {
-			return nil, false
-		}
-		out[it.Key().String()] = data.Len()
-	}
-	return out, true
-}
-
-// streamForgetter drops a finished stream from the emulator's table of streams,
-// which otherwise keeps every request's headers and body for the whole run and would
-// drown the host-side memory figures in the emulator's own growth.
-type streamForgetter struct{ streams reflect.Value }
-
-func newStreamForgetter(emu proxytest.HostEmulator) (streamForgetter, bool) {
-	s, ok := field(reflect.ValueOf(emu), "httpHostEmulator")
-	if ok {
-		s, ok = field(s, "httpStreams")
-	}
-	if !ok || s.Kind() != reflect.Map {
-		return streamForgetter{}, false
-	}
-	return streamForgetter{s}, true
-}
-
-func (f streamForgetter) forget(id uint32) {
-	if f.streams.IsValid() {
-		f.streams.SetMapIndex(reflect.ValueOf(id), reflect.Value{})
-	}
-}
-
-// guestModule returns the compiled filter's module instance in the emulator's wazero
-// runtime (the one anonymous module with a memory).
-func guestModule(vm types.VMContext) (api.Module, bool) {
-	rt, ok := field(reflect.ValueOf(vm), "runtime")
-	if !ok {
-		return nil, false
-	}
-	if _, isRuntime := rt.Interface().(wazero.Runtime); !isRuntime {
-		return nil, false
-	}
-	store, ok := field(rt, "store")
-	if !ok {
-		return nil, false
-	}
-	for m, ok := field(store, "moduleList"); ok && m.Kind() == reflect.Pointer && !m.IsNil(); m, ok = field(m, "next") {
-		if mod, isModule := m.Interface().(api.Module); isModule && mod.Memory() != nil {
-			if name, _ := field(m, "ModuleName"); name.IsValid() && name.String() == "" {
-				return mod, true
-			}
-		}
-	}
-	return nil, false
-}
-
-// guestMemory returns the size of the compiled module's linear memory.
-func guestMemory(mod api.Module) uint64 {
-	if mod == nil {
-		return 0
-	}
-	return uint64(mod.Memory().Size())
 }
 
 // hostRSS is this process's resident set (VmRSS), in bytes.
@@ -282,23 +183,19 @@ func TestSoak(t *testing.T) {
 	if emu.StartVM() != types.OnVMStartStatusOK || emu.StartPlugin() != types.OnPluginStartStatusOK {
 		t.Fatalf("plugin refused to start: %v", emu.GetCriticalLogs())
 	}
-	forgetter, canForget := newStreamForgetter(emu)
-	if !canForget {
+	// The emulator never calls the guest's proxy_on_delete when a stream is done, so
+	// the guest SDK would keep every finished context. Envoy calls it; so does the soak.
+	ends := emulatorext.NewStreamEnds(emu, vm)
+	if !ends.Forgets() {
 		t.Log("cannot drop finished streams from the emulator: host memory figures include the emulator's growth")
 	}
-	// The emulator's wasm wrapper never calls the guest's proxy_on_delete when a
-	// stream is done (it only updates its own host-side state), so the guest SDK
-	// would keep every finished context. Envoy calls it; so does the soak.
-	mod, haveModule := guestModule(vm)
-	var onDelete api.Function
-	if haveModule {
-		onDelete = mod.ExportedFunction("proxy_on_delete")
-	}
-	if onDelete == nil {
+	if !ends.Deletes() {
 		t.Log("cannot reach the guest's proxy_on_delete: guest memory grows with every request, as the emulator never frees a context")
 	}
+	mod, _ := emulatorext.GuestModule(vm)
 
 	counter := func(name string) uint64 {
+		emu.Tick() // the tick hands over the per-request counts
 		v, err := emu.GetCounterMetric(name)
 		if err != nil {
 			t.Fatal(err)
@@ -310,8 +207,8 @@ func TestSoak(t *testing.T) {
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
 		c := checkpoint{requests: n, hostRSS: hostRSS(), hostHeap: ms.HeapAlloc, elapsed: time.Since(start)}
-		c.guestMem = guestMemory(mod)
-		if kv, ok := sharedData(emu); ok {
+		c.guestMem = emulatorext.GuestMemory(mod)
+		if kv, ok := emulatorext.SharedData(emu); ok {
 			c.byFamily = map[string]int{}
 			for k, size := range kv {
 				c.sharedKeys++
@@ -354,11 +251,8 @@ func TestSoak(t *testing.T) {
 			}
 		}
 		emu.CompleteHttpContext(f.id)
-		forgetter.forget(f.id)
-		if onDelete != nil {
-			if _, err := onDelete.Call(context.Background(), uint64(f.id)); err != nil {
-				t.Fatalf("proxy_on_delete(%d): %v", f.id, err)
-			}
+		if err := ends.End(f.id); err != nil {
+			t.Fatalf("proxy_on_delete(%d): %v", f.id, err)
 		}
 	}
 

@@ -166,6 +166,7 @@ func (p *kvrouteWasm) Done(r *Request, _ int) {
 
 // Decisions reads the filter's decision counters.
 func (p *kvrouteWasm) Decisions() []Count {
+	p.host.Tick() // the tick hands over the per-request counts (not counted in the report)
 	var out []Count
 	for _, k := range decisionKinds {
 		n, _ := p.host.GetCounterMetric("kvroute_decision_" + k)
@@ -175,7 +176,10 @@ func (p *kvrouteWasm) Decisions() []Count {
 }
 
 // Counter reads one of the filter's counters (0 if it is not defined).
+// The filter hands its per-request counts to Envoy on the tick, so one more tick runs
+// first (not counted in the report).
 func (p *kvrouteWasm) Counter(name string) uint64 {
+	p.host.Tick()
 	n, _ := p.host.GetCounterMetric(name)
 	return n
 }
