@@ -66,3 +66,27 @@ func TestReplayMooncakeThroughTheCompiledFilter(t *testing.T) {
 	}
 	assert.Len(t, rep.Bars(), 3)
 }
+
+// TestIDSaltReseedsKVRoutesTieBreaks: -id-salt reaches the filter as the
+// x-request-id it seeds its tie-break shuffle with (SPEC §4.4), so a salted replay
+// breaks some ties differently; no salt keeps the ids, and the choices, of a replay
+// without the flag.
+func TestIDSaltReseedsKVRoutesTieBreaks(t *testing.T) {
+	if _, err := os.Stat(testWasm); err != nil {
+		t.Fatalf("this test replays through the compiled filter: %v (run `make build` first)", err)
+	}
+	replay := func(extra ...string) *Result {
+		args := append([]string{"-wasm", testWasm, "-config", testConfig, "-trace", testTrace,
+			"-n", "200", "-svg", "", "-policies", "kvroute"}, extra...)
+		o, err := parseFlags(args)
+		require.NoError(t, err)
+		rep, _, err := run(o)
+		require.NoError(t, err)
+		return rep.KVRoute
+	}
+	plain, unsalted, salted := replay(), replay("-id-salt", ""), replay("-id-salt", "b")
+	assert.Equal(t, plain.Choices, unsalted.Choices)
+	assert.NotEqual(t, plain.Choices, salted.Choices, "another request id breaks some load ties another way")
+	assert.Equal(t, "replay-7", (&kvrouteWasm{}).requestID(7))
+	assert.Equal(t, "replay-b-7", (&kvrouteWasm{idSalt: "b"}).requestID(7))
+}

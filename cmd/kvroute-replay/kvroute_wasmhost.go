@@ -40,6 +40,11 @@ type kvrouteWasm struct {
 	nextTick float64 // replay time of the next timer tick, ms
 	ticks    int     // ticks delivered
 	onTick   func()  // if set, called after every tick (a replica answers scrapes there)
+
+	// idSalt, when set, makes request n's x-request-id replay-<idSalt>-<n> instead
+	// of replay-<n>. The filter seeds its tie-break shuffle with that id (SPEC §4.4),
+	// so a different salt replays the same trace with other tie-breaks.
+	idSalt string
 }
 
 // maxIdleTicks is how many ticks are delivered back to back across a quiet stretch:
@@ -115,7 +120,7 @@ func (p *kvrouteWasm) Choose(r *Request, f *Fleet) int {
 	headers := [][2]string{
 		{":method", "POST"}, {":path", r.Path}, {":authority", "replay"},
 		{"content-type", "application/json"}, {"content-length", strconv.Itoa(len(body))},
-		{"x-request-id", "replay-" + strconv.Itoa(r.Index)},
+		{"x-request-id", p.requestID(r.Index)},
 	}
 	headers = append(headers, r.Headers...)
 	id := p.host.InitializeHttpContext()
@@ -149,6 +154,14 @@ func (p *kvrouteWasm) Choose(r *Request, f *Fleet) int {
 		return 0
 	}
 	return t
+}
+
+// requestID is the x-request-id of request n.
+func (p *kvrouteWasm) requestID(n int) string {
+	if p.idSalt == "" {
+		return "replay-" + strconv.Itoa(n)
+	}
+	return "replay-" + p.idSalt + "-" + strconv.Itoa(n)
 }
 
 // Done is the response: status 200, then the end of the stream, which releases the

@@ -35,6 +35,7 @@ type options struct {
 	cacheBlocks                                int
 	charsPerToken                              int
 	seed                                       uint64
+	idSalt                                     string // -id-salt: varies kvroute's x-request-id (its tie-break seed)
 	strict                                     bool
 	replicas                                   int    // -replicas: gateway replicas (replicas.go), 0 = off
 	replicaConfigs                             string // -replica-configs
@@ -80,6 +81,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.fleet.MaxRunning, "max-running", defaultMaxRunning, "requests a target runs at once; more queue")
 	fs.IntVar(&o.charsPerToken, "chars-per-token", 4, "characters of prompt text per token (keep chars_per_token in -config equal)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the baselines' random tie-breaks and of the spread over -replicas")
+	fs.StringVar(&o.idSalt, "id-salt", "", "put this into the x-request-id kvroute sees (replay-<salt>-<n> instead of replay-<n>): it seeds kvroute's tie-break shuffle, so other values show how much one run owes to ties")
 	fs.BoolVar(&o.strict, "strict", false, "exit 1 when kvroute misses a line of the SPEC §10 bar")
 	fs.IntVar(&o.replicas, "replicas", 0, "also replay kvroute as this many gateway replicas, each request to one at random (0: off)")
 	fs.StringVar(&o.replicaConfigs, "replica-configs", "all", "with -replicas, comma-separated: round_robin, hash, round_robin+metrics, hash+metrics (first_turn, engine metrics), or all")
@@ -309,7 +311,7 @@ func run(o *options) (*Report, []*Request, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rep.KVRoute, errs[len(baselines)] = replayKVRoute(reqs, o.fleet, wasm, config)
+			rep.KVRoute, errs[len(baselines)] = replayKVRoute(reqs, o.fleet, wasm, config, o.idSalt)
 		}()
 	}
 	sem := make(chan struct{}, max(1, runtime.GOMAXPROCS(0)-1))
@@ -335,12 +337,14 @@ func run(o *options) (*Report, []*Request, error) {
 	return rep, reqs, nil
 }
 
-// replayKVRoute replays reqs through the compiled filter.
-func replayKVRoute(reqs []*Request, fleet FleetConfig, wasm, config []byte) (res *Result, err error) {
+// replayKVRoute replays reqs through the compiled filter; idSalt goes into the
+// request ids (see kvrouteWasm.idSalt).
+func replayKVRoute(reqs []*Request, fleet FleetConfig, wasm, config []byte, idSalt string) (res *Result, err error) {
 	p, err := newKVRouteWasm(wasm, config, fleet)
 	if err != nil {
 		return nil, err
 	}
+	p.idSalt = idSalt
 	defer p.Close()
 	defer func() {
 		// A trap in the guest (its runtime aborting) surfaces as a panic of the emulator.

@@ -53,6 +53,7 @@ func runReplica(args []string, in io.Reader, out io.Writer) error {
 	var fc FleetConfig
 	fs.IntVar(&fc.Endpoints, "endpoints", defaultEndpoints, "inference servers")
 	fs.IntVar(&fc.DPSize, "dp", defaultDPSize, "data-parallel ranks per server")
+	idSalt := fs.String("id-salt", "", "as the parent's -id-salt")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -76,6 +77,7 @@ func runReplica(args []string, in io.Reader, out io.Writer) error {
 	if err != nil {
 		return fail(err)
 	}
+	p.idSalt = *idSalt
 	defer p.Close()
 	return newReplicaServer(p, config, in, out).Serve()
 }

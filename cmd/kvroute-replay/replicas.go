@@ -162,14 +162,14 @@ type replicaPolicy struct {
 
 // startReplicas starts k children of exe (this program, or the test binary) with the
 // config file configPath.
-func startReplicas(name string, k int, exe, wasmPath, configPath string, cfg FleetConfig, seed uint64) (*replicaPolicy, error) {
+func startReplicas(name string, k int, exe, wasmPath, configPath string, cfg FleetConfig, seed uint64, idSalt string) (*replicaPolicy, error) {
 	p := &replicaPolicy{name: name, cfg: cfg, seed: seed, home: map[int]int{}, endpoints: map[string]int{}, perKid: make([]int, k)}
 	for e := 0; e < cfg.Endpoints; e++ {
 		p.endpoints[cfg.Address(e)] = e
 	}
 	for i := 0; i < k; i++ {
 		cmd := exec.Command(exe, "-replica", "-wasm", wasmPath, "-config", configPath,
-			"-endpoints", strconv.Itoa(cfg.Endpoints), "-dp", strconv.Itoa(cfg.DPSize))
+			"-endpoints", strconv.Itoa(cfg.Endpoints), "-dp", strconv.Itoa(cfg.DPSize), "-id-salt", idSalt)
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
 			p.Close()
@@ -375,7 +375,7 @@ func replayReplicas(reqs []*Request, o *options, exe string, base []byte, v repl
 		return nil, err
 	}
 	name := v.Label(o.replicas)
-	p, err := startReplicas(name, o.replicas, exe, o.wasm, f.Name(), o.fleet, o.seed)
+	p, err := startReplicas(name, o.replicas, exe, o.wasm, f.Name(), o.fleet, o.seed, o.idSalt)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %v", name, err)
 	}

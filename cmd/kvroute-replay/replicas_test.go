@@ -299,7 +299,7 @@ func TestReplicaStartFailureIsReported(t *testing.T) {
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	fc := FleetConfig{Endpoints: 2, DPSize: 1}
-	_, err = startReplicas("kvroute x2 (hash)", 2, exe, "no/such/kvroute.wasm", testConfig, fc, 1)
+	_, err = startReplicas("kvroute x2 (hash)", 2, exe, "no/such/kvroute.wasm", testConfig, fc, 1, "")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "run `make build` first")
 	assert.Contains(t, err.Error(), "replica 0")
