@@ -123,13 +123,13 @@ func Extract(api API, body []byte, opt ExtractOptions, req *Request) error {
 	// A view of the body as a string, not a copy. Nothing taken from it outlives this
 	// call except through a copy (Model is cloned; text is appended to Prompt).
 	json := unsafe.String(unsafe.SliceData(body), len(body))
-	if !jsonShapeOK(json) {
-		return errNotJSON
-	}
 	root := skipSpace(json, 0)
 	if root >= len(json) || json[root] != '{' {
-		return errNotObject
+		return errNotJSON
 	}
+	// The walk comes first and remembers the long strings it decoded, so the shape
+	// check after it jumps over them instead of scanning the prompt a second time.
+	var spans stringSpans
 
 	// One walk over the top-level members. Chat messages and completion prompts are
 	// decoded into Prompt where they are met; other members are kept as raw JSON
@@ -157,15 +157,18 @@ func Extract(api API, body []byte, opt ExtractOptions, req *Request) error {
 		var err error
 		switch {
 		case k == mainKey && !mainSeen && api == APIChatCompletions:
-			req.Prompt, textBytes, e, err = appendChat(req.Prompt, json, v)
+			req.Prompt, textBytes, e, err = appendChat(req.Prompt, json, v, &spans)
 			mainSeen = true
 		case k == mainKey && !mainSeen && api == APICompletions:
-			req.Prompt, textBytes, isIDs, e, err = appendCompletion(req.Prompt, json, v)
+			req.Prompt, textBytes, isIDs, e, err = appendCompletion(req.Prompt, json, v, &spans)
 			mainSeen = true
 		default:
 			e = valueEnd(json, v)
 		}
 		if err != nil {
+			if !shapeOK(json, &spans) {
+				err = errNotJSON
+			}
 			return fail(req, err)
 		}
 		val := json[v:e]
@@ -193,6 +196,9 @@ func Extract(api API, body []byte, opt ExtractOptions, req *Request) error {
 			}
 		}
 		i = e
+	}
+	if !shapeOK(json, &spans) {
+		return fail(req, errNotJSON)
 	}
 	switch api {
 	case APIChatCompletions:
@@ -307,12 +313,12 @@ func conversationID(v gjson.Result) (string, bool) {
 
 // The functions below read the JSON text s from the value that starts at s[v] and
 // return where it ends. They check no more syntax than they need (jsonShapeOK has
-// checked the shape), but they never index out of range nor loop on any input: a value that is not closed
+// check the shape after them), but they never index out of range nor loop on any input: a value that is not closed
 // ends at len(s). They return the number of text bytes they appended (or of token
 // ids), for the estimate.
 
 // appendChat appends the lines of the chat completions "messages" array at s[v].
-func appendChat(dst []byte, s string, v int) (_ []byte, textBytes, end int, _ error) {
+func appendChat(dst []byte, s string, v int, spans *stringSpans) (_ []byte, textBytes, end int, _ error) {
 	if s[v] != '[' {
 		return dst, 0, 0, errMessages
 	}
@@ -327,7 +333,7 @@ func appendChat(dst []byte, s string, v int) (_ []byte, textBytes, end int, _ er
 		}
 		var n int
 		var err error
-		if dst, n, i, err = appendMessage(dst, first, s, m, false); err != nil {
+		if dst, n, i, err = appendMessage(dst, first, s, m, false, spans); err != nil {
 			return dst, 0, 0, err
 		}
 		textBytes += n
@@ -337,7 +343,7 @@ func appendChat(dst []byte, s string, v int) (_ []byte, textBytes, end int, _ er
 
 // appendMessage appends the line of the chat message, or of the responses input
 // item when item is true, whose object starts at s[m].
-func appendMessage(dst []byte, first bool, s string, m int, item bool) (_ []byte, textBytes, end int, _ error) {
+func appendMessage(dst []byte, first bool, s string, m int, item bool, spans *stringSpans) (_ []byte, textBytes, end int, _ error) {
 	start := len(dst)
 	rawBytes := 0                         // appended bytes that are not text
 	var role, content, toolCalls string   // raw JSON; "" means absent
@@ -357,7 +363,7 @@ func appendMessage(dst []byte, first bool, s string, m int, item bool) (_ []byte
 			contentSeen, lineDone = true, true
 			dst = appendRole(dst, first, role)
 			var n int
-			dst, n, i = appendContent(dst, s, v)
+			dst, n, i = appendContent(dst, s, v, spans)
 			rawBytes += n
 		case k == "content" && !contentSeen:
 			contentSeen = true
@@ -375,7 +381,7 @@ func appendMessage(dst []byte, first bool, s string, m int, item bool) (_ []byte
 	case isString(content) || isArray(content):
 		dst = appendRole(dst, first, role)
 		var n int
-		dst, n, _ = appendContent(dst, content, 0)
+		dst, n, _ = appendContent(dst, content, 0, nil) // content is a copy
 		rawBytes += n
 	case item: // no text content: the item is its raw JSON
 		if !first {
@@ -410,9 +416,10 @@ func appendRole(dst []byte, first bool, role string) []byte {
 // appendContent appends the message content at s[v], a string or an array of parts,
 // and returns the number of bytes appended that are not text: a part whose first
 // "text" member is a string is text, any other part is appended as its raw JSON.
-func appendContent(dst []byte, s string, v int) (_ []byte, rawBytes, end int) {
+func appendContent(dst []byte, s string, v int, spans *stringSpans) (_ []byte, rawBytes, end int) {
 	if s[v] == '"' {
 		dst, end = appendString(dst, s, v)
+		spans.add(v, end)
 		return dst, 0, end
 	}
 	for i := v + 1; ; {
@@ -456,11 +463,12 @@ func appendTextPart(dst []byte, s string, p int) (_ []byte, isText bool, end int
 
 // appendCompletion appends the canonical prompt of the completions "prompt" at s[v].
 // When isIDs it is made of token ids and n counts them; else n counts text bytes.
-func appendCompletion(dst []byte, s string, v int) (_ []byte, n int, isIDs bool, end int, _ error) {
+func appendCompletion(dst []byte, s string, v int, spans *stringSpans) (_ []byte, n int, isIDs bool, end int, _ error) {
 	switch s[v] {
 	case '"':
 		mark := len(dst)
 		dst, end = appendString(dst, s, v)
+		spans.add(v, end)
 		return dst, len(dst) - mark, false, end, nil
 	case '[':
 	default:
@@ -574,7 +582,7 @@ func appendResponses(dst []byte, instructions, input string) (_ []byte, textByte
 			return dst, 0, errInput
 		}
 		var n int
-		dst, n, i, _ = appendMessage(dst, first, input, p, true)
+		dst, n, i, _ = appendMessage(dst, first, input, p, true, nil) // input is a copy
 		textBytes += n
 		first = false
 	}
@@ -726,9 +734,12 @@ func appendString(dst []byte, s string, i int) (_ []byte, end int) {
 			}
 			i += 4
 			if utf16.IsSurrogate(r) && i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
-				r2, _ := hex4(s[i+2:])
-				r = utf16.DecodeRune(r, r2)
-				i += 6
+				// Only a well-formed second escape is taken: "\u0" must not swallow
+				// a closing quote (the string would end past where it ends).
+				if r2, ok := hex4(s[i+2:]); ok {
+					r = utf16.DecodeRune(r, r2)
+					i += 6
+				}
 			}
 			dst = utf8.AppendRune(dst, r)
 		default: // '"', '\\', '/'

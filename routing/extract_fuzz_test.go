@@ -103,6 +103,7 @@ func FuzzExtract(f *testing.F) {
 
 		// The walk never indexes out of range, even on text that is not JSON.
 		s := string(body)
+		var spans stringSpans // strings the walk scanned, as Extract collects them
 		for i := 0; i < len(s) && i < 64; i++ {
 			if e := valueEnd(s, i); e <= i || e > len(s) {
 				t.Fatalf("valueEnd(%q, %d) = %d", s, i, e)
@@ -110,17 +111,24 @@ func FuzzExtract(f *testing.F) {
 			_, _, _ = memberAt(s, i)
 			_, _ = elementAt(s, i)
 			if s[i] == '"' {
-				_, _ = appendString(nil, s, i)
+				// The shape check may jump over a string the walk decoded: both
+				// must agree on where every string ends.
+				if _, end := appendString(nil, s, i); end != stringEnd(s, i) {
+					t.Fatalf("appendString(%q, %d) ends at %d, stringEnd at %d", s, i, end, stringEnd(s, i))
+				}
 			}
 			if s[i] == '{' {
-				_, _, _, _ = appendMessage(nil, i == 0, s, i, i%2 == 0)
+				_, _, _, _ = appendMessage(nil, i == 0, s, i, i%2 == 0, &spans)
 				_, _, _ = appendTextPart(nil, s, i)
 			}
 			if s[i] == '[' {
-				_, _, _, _ = appendChat(nil, s, i)
-				_, _, _ = appendContent(nil, s, i)
+				_, _, _, _ = appendChat(nil, s, i, &spans)
+				_, _, _ = appendContent(nil, s, i, &spans)
 			}
-			_, _, _, _, _ = appendCompletion(nil, s, i)
+			_, _, _, _, _ = appendCompletion(nil, s, i, &spans)
+		}
+		if shapeOK(s, &spans) != jsonShapeOK(s) {
+			t.Fatalf("the shape check with the walk's spans %+v disagrees with it without, on %q", spans, s)
 		}
 		_, _, _ = appendResponses(nil, s, s)
 
