@@ -24,6 +24,7 @@ package routing
 type PrefixIndex struct {
 	table   *prefixTable
 	journal *prefixJournal
+	found   []PrefixMatch // Match's result, reused: valid until the next Match
 }
 
 // NewPrefixIndex returns the index of one pool, holding at most capacityBlocks
@@ -49,14 +50,41 @@ const maxMatchRounds = 4
 // prompt. known says whether a 32-bit target id is one the pool still has; others are
 // ignored.
 func (x *PrefixIndex) Match(cps []Checkpoint, known func(uint32) bool) []PrefixMatch {
-	var found []PrefixMatch
-	isFound := func(t uint32) bool {
-		for _, m := range found {
-			if m.Target == t {
-				return true
+	found := x.found[:0]
+	// known and "found already" are asked of the same few ids at every probe: keep
+	// their answers here rather than call through a closure each time (costly in wasm).
+	var ids [2 * prefixTargetsPerEntry]uint32
+	var state [2 * prefixTargetsPerEntry]int8 // 1 fresh, -1 unknown or found
+	nids := 0
+	fresh := func(t uint32) bool {
+		for i := 0; i < nids; i++ {
+			if ids[i] == t {
+				return state[i] > 0
 			}
 		}
-		return false
+		ok := known(t)
+		if nids < len(ids) {
+			ids[nids], state[nids] = t, -1
+			if ok {
+				state[nids] = 1
+			}
+			nids++
+		}
+		if ok {
+			for _, m := range found {
+				if m.Target == t {
+					return false
+				}
+			}
+		}
+		return ok
+	}
+	markFound := func(t uint32) {
+		for i := 0; i < nids; i++ {
+			if ids[i] == t {
+				state[i] = -1
+			}
+		}
 	}
 	hi := len(cps) // search checkpoints [0, hi)
 	for round := 0; round < maxMatchRounds && hi > 0; round++ {
@@ -65,14 +93,14 @@ func (x *PrefixIndex) Match(cps []Checkpoint, known func(uint32) bool) []PrefixM
 		for lo < hi {
 			mid := (lo + hi) / 2
 			e := x.table.find(cps[mid].Hash)
-			fresh := false
+			holds := false
 			for s := 0; e != nil && s < prefixTargetsPerEntry; s++ {
-				if t := e.targets[s]; t != 0 && known(t) && !isFound(t) {
-					fresh = true
+				if t := e.targets[s]; t != 0 && fresh(t) {
+					holds = true
 					break
 				}
 			}
-			if fresh {
+			if holds {
 				top, topEntry, lo = mid, e, mid+1
 			} else {
 				hi = mid
@@ -82,12 +110,14 @@ func (x *PrefixIndex) Match(cps []Checkpoint, known func(uint32) bool) []PrefixM
 			break
 		}
 		for _, t := range topEntry.targets {
-			if t != 0 && known(t) && !isFound(t) {
+			if t != 0 && fresh(t) {
 				found = append(found, PrefixMatch{Target: t, Blocks: cps[top].Pos})
+				markFound(t)
 			}
 		}
 		hi = top // targets not found yet hold less: look below
 	}
+	x.found = found
 	return found
 }
 

@@ -38,11 +38,12 @@ func (t *prefixTable) set(hash uint64) []prefixEntry {
 	return t.entries[s*prefixWays : (s+1)*prefixWays]
 }
 
-// find returns the entry of hash, or nil.
+// find returns the entry of hash, or nil. The hash is compared first: most ways
+// hold other hashes, and the stamp is then never read.
 func (t *prefixTable) find(hash uint64) *prefixEntry {
 	set := t.set(hash)
 	for i := range set {
-		if set[i].stamp != 0 && set[i].hash == hash {
+		if set[i].hash == hash && set[i].stamp != 0 {
 			return &set[i]
 		}
 	}
@@ -58,10 +59,8 @@ func (t *prefixTable) record(hash uint64, target uint32) (changed bool) {
 		t.clock = 1
 	}
 	set := t.set(hash)
-	victim := 0
 	for i := range set {
-		e := &set[i]
-		if e.stamp != 0 && e.hash == hash {
+		if e := &set[i]; e.hash == hash && e.stamp != 0 {
 			e.stamp = t.clock
 			if e.targets[0] == target {
 				return false
@@ -69,7 +68,10 @@ func (t *prefixTable) record(hash uint64, target uint32) (changed bool) {
 			promoteTarget(&e.targets, target)
 			return true
 		}
-		if e.stamp == 0 || (set[victim].stamp != 0 && e.stamp < set[victim].stamp) {
+	}
+	victim := 0 // an empty way, else the least recently written
+	for i := range set {
+		if set[i].stamp < set[victim].stamp {
 			victim = i
 		}
 	}
