@@ -85,17 +85,18 @@ const (
 func hashStripes(seed uint64, prompt []byte, blockBytes, n int, dst []Checkpoint) []Checkpoint {
 	v1, v2, v3, v4 := seed+xxPrime1+xxPrime2, seed+xxPrime2, seed, seed-xxPrime1
 	p := 0
-	for k := nextCheckpoint(0); ; k = nextCheckpoint(k) {
+	for _, k := range checkpointGrid {
 		if k > n {
 			k = n
 		}
-		for end := k * blockBytes; p < end; p += xxStripe {
-			b := prompt[p : p+xxStripe]
-			v1 = xxRound(v1, binary.LittleEndian.Uint64(b[0:8]))
-			v2 = xxRound(v2, binary.LittleEndian.Uint64(b[8:16]))
-			v3 = xxRound(v3, binary.LittleEndian.Uint64(b[16:24]))
-			v4 = xxRound(v4, binary.LittleEndian.Uint64(b[24:32]))
+		end := k * blockBytes
+		for b := prompt[p:end]; len(b) >= xxStripe; b = b[xxStripe:] {
+			v1 = xxRound(v1, binary.LittleEndian.Uint64(b[0:8:len(b)]))
+			v2 = xxRound(v2, binary.LittleEndian.Uint64(b[8:16:len(b)]))
+			v3 = xxRound(v3, binary.LittleEndian.Uint64(b[16:24:len(b)]))
+			v4 = xxRound(v4, binary.LittleEndian.Uint64(b[24:32:len(b)]))
 		}
+		p = end
 		h := bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
 		h = xxMerge(h, v1)
 		h = xxMerge(h, v2)
@@ -112,7 +113,17 @@ func hashStripes(seed uint64, prompt []byte, blockBytes, n int, dst []Checkpoint
 			return dst
 		}
 	}
+	return dst // n is beyond any prompt that fits in memory
 }
+
+// checkpointGrid is every grid point in order, up to 2^40 blocks, so the hash loop
+// walks a table instead of computing the next point (a call a checkpoint in wasm).
+var checkpointGrid = func() (g []int) {
+	for k := nextCheckpoint(0); k <= 1<<40; k = nextCheckpoint(k) {
+		g = append(g, k)
+	}
+	return g
+}()
 
 func xxRound(acc, input uint64) uint64 {
 	acc += input * xxPrime2
