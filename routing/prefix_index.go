@@ -24,7 +24,7 @@ package routing
 type PrefixIndex struct {
 	table   *prefixTable
 	journal *prefixJournal
-	found   []PrefixMatch // Match's result, reused: valid until the next Match
+	search  PrefixSearch // the lookup in progress, reused
 }
 
 // NewPrefixIndex returns the index of one pool, holding at most capacityBlocks
@@ -48,77 +48,112 @@ const maxMatchRounds = 4
 
 // Match returns the matched block count of each target that holds a prefix of the
 // prompt. known says whether a 32-bit target id is one the pool still has; others are
-// ignored.
+// ignored. The result is valid until the next Match.
 func (x *PrefixIndex) Match(cps []Checkpoint, known func(uint32) bool) []PrefixMatch {
-	found := x.found[:0]
-	// known and "found already" are asked of the same few ids at every probe: keep
-	// their answers here rather than call through a closure each time (costly in wasm).
-	var ids [2 * prefixTargetsPerEntry]uint32
-	var state [2 * prefixTargetsPerEntry]int8 // 1 fresh, -1 unknown or found
-	nids := 0
-	fresh := func(t uint32) bool {
-		for i := 0; i < nids; i++ {
-			if ids[i] == t {
-				return state[i] > 0
-			}
+	m := x.StartMatch(cps, known)
+	for m.Next() {
+	}
+	return m.Found()
+}
+
+// StartMatch begins a lookup that runs one binary search per Next: a caller that only
+// needs the deepest match (a continuation) stops after the first.
+func (x *PrefixIndex) StartMatch(cps []Checkpoint, known func(uint32) bool) *PrefixSearch {
+	x.search = PrefixSearch{x: x, cps: cps, known: known, hi: len(cps), found: x.search.found[:0]}
+	return &x.search
+}
+
+// PrefixSearch is a lookup in progress (see StartMatch).
+type PrefixSearch struct {
+	x      *PrefixIndex
+	cps    []Checkpoint
+	known  func(uint32) bool
+	hi     int // search checkpoints [0, hi)
+	rounds int
+	found  []PrefixMatch
+	// known and "found already" are asked of the same few ids at every probe: their
+	// answers are kept here rather than asked through a closure each time (costly in
+	// wasm). state: 1 fresh, -1 unknown or found.
+	ids   [2 * prefixTargetsPerEntry]uint32
+	state [2 * prefixTargetsPerEntry]int8
+	nids  int
+}
+
+// Found is every match found so far, deepest first.
+func (m *PrefixSearch) Found() []PrefixMatch { return m.found }
+
+// Done reports whether further rounds can find nothing more.
+func (m *PrefixSearch) Done() bool { return m.rounds >= maxMatchRounds || m.hi <= 0 }
+
+func (m *PrefixSearch) fresh(t uint32) bool {
+	for i := 0; i < m.nids; i++ {
+		if m.ids[i] == t {
+			return m.state[i] > 0
 		}
-		ok := known(t)
-		if nids < len(ids) {
-			ids[nids], state[nids] = t, -1
-			if ok {
-				state[nids] = 1
-			}
-			nids++
-		}
+	}
+	ok := m.known(t)
+	if m.nids < len(m.ids) {
+		m.ids[m.nids], m.state[m.nids] = t, -1
 		if ok {
-			for _, m := range found {
-				if m.Target == t {
-					return false
-				}
-			}
+			m.state[m.nids] = 1
 		}
-		return ok
+		m.nids++
 	}
-	markFound := func(t uint32) {
-		for i := 0; i < nids; i++ {
-			if ids[i] == t {
-				state[i] = -1
+	if ok {
+		for _, f := range m.found {
+			if f.Target == t {
+				return false
 			}
 		}
 	}
-	hi := len(cps) // search checkpoints [0, hi)
-	for round := 0; round < maxMatchRounds && hi > 0; round++ {
-		lo, top := 0, -1
-		var topEntry *prefixEntry
-		for lo < hi {
-			mid := (lo + hi) / 2
-			e := x.table.find(cps[mid].Hash)
-			holds := false
-			for s := 0; e != nil && s < prefixTargetsPerEntry; s++ {
-				if t := e.targets[s]; t != 0 && fresh(t) {
-					holds = true
-					break
-				}
-			}
-			if holds {
-				top, topEntry, lo = mid, e, mid+1
-			} else {
-				hi = mid
-			}
+	return ok
+}
+
+func (m *PrefixSearch) markFound(t uint32) {
+	for i := 0; i < m.nids; i++ {
+		if m.ids[i] == t {
+			m.state[i] = -1
 		}
-		if top < 0 {
-			break
-		}
-		for _, t := range topEntry.targets {
-			if t != 0 && fresh(t) {
-				found = append(found, PrefixMatch{Target: t, Blocks: cps[top].Pos})
-				markFound(t)
-			}
-		}
-		hi = top // targets not found yet hold less: look below
 	}
-	x.found = found
-	return found
+}
+
+// Next runs one more binary search: the deepest checkpoint below the last one found
+// that a target not found yet holds. It reports whether it found any.
+func (m *PrefixSearch) Next() bool {
+	if m.Done() {
+		return false
+	}
+	m.rounds++
+	lo, top := 0, -1
+	var topEntry *prefixEntry
+	for hi := m.hi; lo < hi; {
+		mid := (lo + hi) / 2
+		e := m.x.table.find(m.cps[mid].Hash)
+		holds := false
+		for s := 0; e != nil && s < prefixTargetsPerEntry; s++ {
+			if t := e.targets[s]; t != 0 && m.fresh(t) {
+				holds = true
+				break
+			}
+		}
+		if holds {
+			top, topEntry, lo = mid, e, mid+1
+		} else {
+			hi = mid
+		}
+	}
+	if top < 0 {
+		m.hi = 0
+		return false
+	}
+	for _, t := range topEntry.targets {
+		if t != 0 && m.fresh(t) {
+			m.found = append(m.found, PrefixMatch{Target: t, Blocks: m.cps[top].Pos})
+			m.markFound(t)
+		}
+	}
+	m.hi = top // targets not found yet hold less: look below
+	return true
 }
 
 // Record stores the prompt's checkpoints against target, and queues what changed for

@@ -41,9 +41,10 @@ type poolState struct {
 	viewLoads    []Load
 	viewEligible []int
 	candBuf      []int
-	byID32       targetIndex // low 32 bits of a target id → index, as the prefix index keeps them
-	matchedBuf   []int       // per target index: matched blocks of the request being decided
-	tokensBuf    []int       // per target index: matched tokens, gated
+	byID32       targetIndex       // low 32 bits of a target id → index, as the prefix index keeps them
+	matchedBuf   []int             // per target index: matched blocks of the request being decided
+	tokensBuf    []int             // per target index: matched tokens, gated
+	known        func(uint32) bool // whether the prefix index's 32-bit id is a target here
 }
 
 // NewRouter builds a Router over store. now returns the current time in milliseconds.
@@ -63,6 +64,7 @@ func NewRouter(cfg *Config, store Store, now func() int64) *Router {
 		for i, t := range ps.targets.Targets {
 			ps.byID32.put(uint64(prefixTargetID(t.ID)), i)
 		}
+		ps.known = func(t uint32) bool { return ps.byID32.get(uint64(t)) >= 0 }
 		ps.matchedBuf = make([]int, len(ps.targets.Targets))
 		ps.tokensBuf = make([]int, len(ps.targets.Targets))
 		ps.viewLoads = make([]Load, len(ps.targets.Targets))
@@ -343,9 +345,11 @@ func rendezvous(p *poolState, cands []int, key uint64) int {
 
 // prompt is the prefix view of one request: its checkpoints and matches.
 type prompt struct {
-	cps     []Checkpoint
-	blocks  int
-	matched []int // matched blocks per target index of the pool; nil until looked up
+	cps      []Checkpoint
+	blocks   int
+	matched  []int // matched blocks per target index of the pool; nil until looked up
+	search   *PrefixSearch
+	complete bool // matched has every target's match, not only the deepest
 }
 
 // Decide routes one request: a decode target and, when disaggregation classifies
@@ -445,19 +449,40 @@ func (r *Router) choose(p *poolState, req *Request, pr *prompt, rank int, nowMS 
 	return c, nil
 }
 
-// lookup fills pr.matched from the pool's prefix index, once.
+// lookup fills pr.matched from the pool's prefix index: every target's match.
 func (r *Router) lookup(v *poolView, pr *prompt) error {
-	if pr.matched != nil || len(pr.cps) == 0 {
+	if pr.complete || len(pr.cps) == 0 {
 		return nil
 	}
+	if pr.search == nil {
+		r.lookupDeepest(v, pr)
+	}
+	for pr.search.Next() {
+	}
+	r.fillMatched(v.pool, pr)
+	pr.complete = true
+	return nil
+}
+
+// lookupDeepest fills pr.matched with the deepest match only (every target that
+// holds it): enough to find a continuation, which the longest match wins.
+func (r *Router) lookupDeepest(v *poolView, pr *prompt) {
+	if pr.search != nil || len(pr.cps) == 0 {
+		return
+	}
 	p := v.pool
-	found := p.index.Match(pr.cps, func(t uint32) bool { return p.byID32.get(uint64(t)) >= 0 })
+	pr.search = p.index.StartMatch(pr.cps, p.known)
+	pr.search.Next()
+	r.fillMatched(p, pr)
+	pr.complete = pr.search.Done()
+}
+
+func (r *Router) fillMatched(p *poolState, pr *prompt) {
 	pr.matched = p.matchedBuf // a VM decides one request at a time
 	clear(pr.matched)
-	for _, m := range found {
+	for _, m := range pr.search.Found() {
 		pr.matched[p.byID32.get(uint64(m.Target))] = m.Blocks
 	}
-	return nil
 }
 
 // matchedTokens converts matched blocks into tokens for the cost, gated: when the
@@ -486,6 +511,12 @@ func (r *Router) placeByPrefix(v *poolView, req *Request, pr *prompt) (int, Kind
 	cands, capped := v.candidates()
 	if capped {
 		cands = r.leastLoaded(v, cands)
+	}
+	// The deepest match alone decides a continuation (the longest match wins); the
+	// other targets' shorter matches are looked up only when there is none.
+	r.lookupDeepest(v, pr)
+	if i := r.continuation(v, req, pr, cands); i >= 0 {
+		return i, KindContinuation, nil
 	}
 	if err := r.lookup(v, pr); err != nil {
 		return -1, 0, err
