@@ -136,17 +136,15 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 	p := c.plugin
 	cfg := &p.cfg
 	c.decided = true
-	started := time.Now()
-	defer func() { p.metrics.decisionTime.Record(uint64(time.Since(started).Microseconds())) }()
+	started := time.Since(monotonicBase) // one clock read, where time.Now makes two
+	defer func() {
+		p.metrics.decisionTime.Record(uint64((time.Since(monotonicBase) - started).Microseconds()))
+	}()
 	if body != nil {
-		opt := routing.ExtractOptions{CharsPerToken: cfg.CharsPerToken, BlockTokens: cfg.Prefix.BlockTokens}
-		if cfg.Conversation.Enabled {
-			opt.BodyFields = cfg.Conversation.BodyFields
-		}
 		// The VM decides one request at a time: one prompt buffer serves them all.
 		c.req.Prompt = p.promptBuf[:0]
 		defer func() { p.promptBuf, c.req.Prompt = c.req.Prompt[:0], nil }()
-		if err := routing.Extract(c.api, body, opt, &c.req); err != nil {
+		if err := routing.Extract(c.api, body, p.extractOpt, &c.req); err != nil {
 			// Fail open: Extract left no prompt, so this routes by load alone, and the
 			// body is forwarded untouched (never rewritten for an inline prefill).
 			p.metrics.parseErrors.Increment(1)
@@ -270,6 +268,10 @@ func (c *httpContext) recoverFailOpen(where string, action *types.Action) {
 		logFailOpen("kvroute: recovered in %s, failing open: %v", where, r)
 	}
 }
+
+// monotonicBase anchors the decision timer: time.Since of it reads only the
+// monotonic clock.
+var monotonicBase = time.Now()
 
 // Envoy's response flags (StreamInfo::CoreResponseFlag) that mean the upstream failed
 // rather than the client: UpstreamRemoteReset, UpstreamConnectionFailure,

@@ -17,6 +17,7 @@ type pluginContext struct {
 	routes  map[string]routing.API
 	owned   []string // owned header names, stripped from every request
 
+	extractOpt  routing.ExtractOptions
 	promptBuf   []byte // the canonical prompt of the request being decided
 	lastScrape  int64
 	scrapeLease *routing.ScrapeLease
@@ -41,6 +42,11 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 		return types.OnPluginStartStatusFailed
 	}
 	p.cfg = cfg
+	p.extractOpt = routing.ExtractOptions{CharsPerToken: cfg.CharsPerToken, BlockTokens: cfg.Prefix.BlockTokens}
+	if cfg.Conversation.Enabled {
+		p.extractOpt.BodyFields = cfg.Conversation.BodyFields
+	}
+	p.extractOpt = p.extractOpt.Prepared()
 	p.router = routing.NewRouter(&p.cfg, sharedStore{}, func() int64 { return nowMS() })
 	p.metrics = defineMetrics(p.router.DecodeTargets())
 	p.scrapeLease = routing.NewScrapeLease(sharedStore{}, cfg.State.Namespace, cfg.State.MaxCASRetries)

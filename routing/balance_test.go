@@ -288,9 +288,9 @@ func TestLedgerBatchesChangesPerVM(t *testing.T) {
 	assert.Equal(t, int64(1+ledgerBatch), ledgerTotal(t, b).Requests, "a full batch is written at once")
 
 	// Releases merge with acquires of the same slot in the batch.
-	require.NoError(t, a.decode.ledger.Release(tk, clock.ms))
+	require.NoError(t, a.decode.ledger.Release(tk, clock.now))
 	for _, tk := range tickets {
-		require.NoError(t, a.decode.ledger.Release(tk, clock.ms))
+		require.NoError(t, a.decode.ledger.Release(tk, clock.now))
 	}
 	assert.Equal(t, Load{Requests: 1, Tokens: 1}, ledgerTotal(t, a))
 	require.NoError(t, a.FlushLoad())

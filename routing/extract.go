@@ -15,6 +15,18 @@ type ExtractOptions struct {
 	CharsPerToken int      // chars_per_token, >= 1 (smaller values are treated as 1)
 	BlockTokens   int      // prefix.block_tokens, >= 1 (smaller values are treated as 1)
 	BodyFields    []string // conversation.body_fields (gjson paths); nil when conversation affinity is disabled
+
+	heads []string // the first step of each body field's path, once Prepared
+}
+
+// Prepared returns the options with the body-field paths worked out once, for a
+// caller that extracts every request with the same options.
+func (opt ExtractOptions) Prepared() ExtractOptions {
+	opt.heads = make([]string, len(opt.BodyFields))
+	for i, f := range opt.BodyFields {
+		opt.heads[i] = simpleHead(f)
+	}
+	return opt
 }
 
 // ErrUnparsable is returned for a body that is not JSON or not of a known shape
@@ -140,7 +152,11 @@ func Extract(api API, body []byte, opt ExtractOptions, req *Request) error {
 	var fieldHead, fieldVal [fastBodyFields]string
 	if wantConversation {
 		for f := 0; f < len(opt.BodyFields) && f < fastBodyFields; f++ {
-			fieldHead[f] = simpleHead(opt.BodyFields[f])
+			if len(opt.heads) == len(opt.BodyFields) {
+				fieldHead[f] = opt.heads[f]
+			} else {
+				fieldHead[f] = simpleHead(opt.BodyFields[f])
+			}
 		}
 	}
 	cpt := max(opt.CharsPerToken, 1)

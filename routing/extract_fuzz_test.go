@@ -3,6 +3,7 @@ package routing
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -48,6 +49,12 @@ func FuzzExtract(f *testing.F) {
 				err := Extract(api, body, opt, &req)
 				if !bytes.Equal(body, orig) {
 					t.Fatal("Extract changed the body")
+				}
+				// Prepared options (the filter's) read exactly the same.
+				var prep Request
+				errPrep := Extract(api, body, opt.Prepared(), &prep)
+				if (err == nil) != (errPrep == nil) || !reflect.DeepEqual(req, prep) {
+					t.Fatalf("api %d: prepared options read %+v (%v), plain %+v (%v)", api, prep, errPrep, req, err)
 				}
 				if req.Tokens < 0 || req.BlockBytes < 0 {
 					t.Fatalf("api %d: tokens %d, block bytes %d", api, req.Tokens, req.BlockBytes)

@@ -256,8 +256,8 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []le
 }
 
 // note records a change in the VM's batch, merged with one to the same slot, and
-// writes the batch when it is full.
-func (l *LoadLedger) note(d ledgerDelta, nowMS int64) error {
+// writes the batch when it is full (only then is the clock read).
+func (l *LoadLedger) note(d ledgerDelta, nowMS func() int64) error {
 	merged := false
 	for i := range l.pending {
 		if p := &l.pending[i]; p.target == d.target && p.epoch == d.epoch {
@@ -271,7 +271,7 @@ func (l *LoadLedger) note(d ledgerDelta, nowMS int64) error {
 		l.pending = append(l.pending, d)
 	}
 	if len(l.pending) >= ledgerBatch || l.changes() >= ledgerBatch {
-		return l.Flush(nowMS)
+		return l.Flush(nowMS())
 	}
 	return nil
 }
@@ -338,15 +338,13 @@ func countEntries(v []byte) int {
 // the batch for the next flush.
 func (l *LoadLedger) Acquire(target uint64, tokens int64, nowMS int64) (LoadTicket, error) {
 	epoch := nowMS / l.slotMS
-	err := l.note(ledgerDelta{target: target, epoch: epoch, requests: 1, tokens: tokens}, nowMS)
+	err := l.note(ledgerDelta{target: target, epoch: epoch, requests: 1, tokens: tokens}, func() int64 { return nowMS })
 	return LoadTicket{Target: target, Epoch: epoch, Tokens: tokens, Valid: true}, err
 }
 
 // Release takes a ticket's load back from the slot it was added to. A ticket whose
-// slot has expired releases nothing: the lease already dropped it.
-func (l *LoadLedger) Release(t LoadTicket, nowMS int64) error {
-	if t.Epoch <= l.oldestLiveEpoch(nowMS) {
-		return nil
-	}
-	return l.note(ledgerDelta{target: t.Target, epoch: t.Epoch, requests: -1, tokens: -t.Tokens}, nowMS)
+// slot has expired releases nothing: the lease already dropped it (views and flushes
+// ignore changes to expired slots). now is read only if the batch is written.
+func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
+	return l.note(ledgerDelta{target: t.Target, epoch: t.Epoch, requests: -1, tokens: -t.Tokens}, now)
 }

@@ -650,7 +650,7 @@ func (r *Router) Release(t LoadTicket) error {
 	if !t.Valid {
 		return nil
 	}
-	return r.decode.ledger.Release(t, r.now())
+	return r.decode.ledger.Release(t, r.now)
 }
 
 // ReleasePrefill hands a prefill ticket back.
@@ -658,7 +658,7 @@ func (r *Router) ReleasePrefill(t LoadTicket) error {
 	if !t.Valid {
 		return nil
 	}
-	return r.prefill.ledger.Release(t, r.now())
+	return r.prefill.ledger.Release(t, r.now)
 }
 
 // ReportHealth records a response from a decode (or prefill) target. It returns true
