@@ -26,8 +26,8 @@ type metrics struct {
 
 	decisionTime proxywasm.MetricHistogram // microseconds from body in to headers out
 
-	activeRequests proxywasm.MetricGauge
-	targetActive   map[uint64]proxywasm.MetricGauge // decode target id → gauge
+	activeRequests *ledgerGauge
+	targetActive   map[uint64]*ledgerGauge // decode target id → gauge
 }
 
 func defineMetrics(targets []routing.Target) *metrics {
@@ -41,15 +41,15 @@ func defineMetrics(targets []routing.Target) *metrics {
 		ejections:        proxywasm.DefineCounterMetric("kvroute_endpoint_ejections"),
 		failOpen:         proxywasm.DefineCounterMetric("kvroute_fail_open"),
 		decisionTime:     proxywasm.DefineHistogramMetric("kvroute_decision_time_us"),
-		activeRequests:   proxywasm.DefineGaugeMetric("kvroute_active_requests"),
-		targetActive:     map[uint64]proxywasm.MetricGauge{},
+		activeRequests:   &ledgerGauge{g: proxywasm.DefineGaugeMetric("kvroute_active_requests")},
+		targetActive:     map[uint64]*ledgerGauge{},
 	}
 	for _, k := range routing.Kinds() {
 		name := "kvroute_decision_" + strings.ReplaceAll(k.String(), "-", "_")
 		m.decisions = append(m.decisions, batchedCounter{c: proxywasm.DefineCounterMetric(name)})
 	}
 	for _, t := range targets {
-		m.targetActive[t.ID] = proxywasm.DefineGaugeMetric(TargetGaugeName(t))
+		m.targetActive[t.ID] = &ledgerGauge{g: proxywasm.DefineGaugeMetric(TargetGaugeName(t))}
 	}
 	return m
 }
@@ -64,15 +64,28 @@ func TargetGaugeName(t routing.Target) string {
 // setTargetLoad sets a target's gauge to the ledger's figure.
 func (m *metrics) setTargetLoad(id uint64, l routing.Load) {
 	if g, ok := m.targetActive[id]; ok {
-		setGauge(g, l.Requests)
+		g.set(l.Requests)
 	}
 }
 
-// setGauge sets a gauge through the ABI's only gauge write, an increment.
-func setGauge(g proxywasm.MetricGauge, v int64) {
-	if d := v - g.Value(); d != 0 {
-		g.Add(d)
+// ledgerGauge is a gauge that every VM sets to the same figure, read from the shared
+// ledger. A VM writes it only when the figure moved since it last did: the VMs' views
+// of the ledger converge within a tick, and so does the gauge.
+type ledgerGauge struct {
+	g       proxywasm.MetricGauge
+	last    int64
+	written bool
+}
+
+// set makes the gauge v through the ABI's only gauge write, an increment.
+func (lg *ledgerGauge) set(v int64) {
+	if lg.written && v == lg.last {
+		return
 	}
+	if d := v - lg.g.Value(); d != 0 {
+		lg.g.Add(d)
+	}
+	lg.last, lg.written = v, true
 }
 
 // batchedCounter is a counter whose increments wait in the VM until flush.

@@ -97,7 +97,7 @@ func (p *pluginContext) OnTick() {
 		p.metrics.setTargetLoad(t.ID, loads[i])
 		total += loads[i].Requests
 	}
-	setGauge(p.metrics.activeRequests, total)
+	p.metrics.activeRequests.set(total)
 }
 
 // OnPluginDone hands over the counts still waiting for a tick.

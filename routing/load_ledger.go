@@ -276,6 +276,17 @@ func (l *LoadLedger) note(d ledgerDelta, nowMS func() int64) error {
 	return nil
 }
 
+// hasChanges reports whether the batch would change the shared key: acquires that
+// were released within the batch cancel out.
+func (l *LoadLedger) hasChanges() bool {
+	for _, d := range l.pending {
+		if d.requests != 0 || d.tokens != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // changes counts the acquires and releases in the batch.
 func (l *LoadLedger) changes() int {
 	n := 0
@@ -299,8 +310,8 @@ func (l *LoadLedger) Flush(nowMS int64) error {
 			return err
 		}
 		entries := decodeLedger(old, oldest)
-		if len(l.pending) == 0 && len(entries) == countEntries(old) {
-			l.seen, l.read = old, true // nothing to write, nothing expired
+		if !l.hasChanges() && len(entries) == countEntries(old) {
+			l.seen, l.read, l.pending = old, true, l.pending[:0] // nothing to write, nothing expired
 			return nil
 		}
 		next := encodeLedger(applyDeltas(entries, l.pending, oldest))
