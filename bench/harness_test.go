@@ -102,6 +102,48 @@ func (e *emulator) exchange(path string, body []byte, extra ...[2]string) {
 	}
 }
 
+// conversationTurns returns a stream of chat bodies of about size bytes: request i is
+// the next turn of conversation i%convs — a system prompt all share, the
+// conversation's history, and a new user message — so each request brings a prefix
+// the router has seen and a suffix it has not. At most unique bodies are made; the
+// stream repeats after them.
+func conversationTurns(size, convs, unique int) [][]byte {
+	rng := rand.New(rand.NewSource(int64(size)))
+	system := words(rng, 1024)
+	const turn = 512
+	history := make([]string, convs)
+	for c := range history {
+		history[c] = words(rng, max(64, size-len(system)-turn-200))
+	}
+	out := make([][]byte, unique)
+	for i := range out {
+		out[i] = []byte(`{"model":"llama","stream":true,"messages":[{"role":"system","content":"` + system +
+			`"},{"role":"user","content":"` + history[i%convs] + `"},{"role":"assistant","content":"ok"},` +
+			`{"role":"user","content":"` + words(rng, turn) + `"}]}`)
+	}
+	return out
+}
+
+// warmThenTime runs one turn of each of convs conversations from position start of
+// bodies through a freshly started plugin, untimed, then times batch more and
+// returns the mean time per request. A plugin start's one-off costs (its first reads
+// of shared state, the guest's collection of the plugin it replaced) are not costs of
+// a request; without the warm-up they would fall on the first requests of a batch,
+// weighing more the smaller b.N is. ticks charges kvroute's tick every ticksEvery
+// requests.
+func (e *emulator) warmThenTime(bodies [][]byte, convs, start, batch int, ticks bool) float64 {
+	at := func(i int) []byte { return bodies[(start+i)%len(bodies)] }
+	for i := 0; i < convs; i++ {
+		e.exchange("/v1/chat/completions", at(i))
+	}
+	return perRequest(e, batch, func(i int) {
+		e.exchange("/v1/chat/completions", at(convs+i))
+		if ticks && i%ticksEvery == ticksEvery-1 {
+			e.Tick() // its share of the housekeeping, as at 1000 requests/s a VM
+		}
+	})
+}
+
 // chatBodies returns n distinct chat bodies of about size bytes: a shared system
 // prompt, a unique user turn.
 func chatBodies(size, n int, seed int64) [][]byte {
