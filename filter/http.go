@@ -40,12 +40,15 @@ func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (ac
 	p := c.plugin
 	cfg := &p.cfg
 	// One host call reads every header; each is looked at once, here.
-	headers, _ := proxywasm.GetHttpRequestHeaders()
+	headers := requestHeaders()
 	var method, path, conversation, contentLength string
 	convRank := len(cfg.Conversation.Headers)
 	var stripped uint32 // bit i: owned header i was sent and is removed
-	for _, kv := range headers {
-		name, value := kv[0], kv[1]
+	for {
+		name, value, ok := headers.next()
+		if !ok {
+			break
+		}
 		switch name {
 		case ":method":
 			method = value
@@ -120,11 +123,7 @@ func (c *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) (action 
 	if !endOfStream {
 		return types.ActionPause
 	}
-	body, err := proxywasm.GetHttpRequestBody(0, bodySize)
-	if err != nil {
-		body = nil
-	}
-	if c.decide(body) {
+	if c.decide(requestBody(bodySize)) {
 		return types.ActionPause // an inline prefill resumes the request
 	}
 	return types.ActionContinue
@@ -191,8 +190,7 @@ func (c *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) (a
 	if !c.decided {
 		return types.ActionContinue
 	}
-	status, _ := proxywasm.GetHttpResponseHeader(":status")
-	code, _ := strconv.Atoi(status)
+	code, _ := strconv.Atoi(responseStatus())
 	// Envoy's flags are worth a host call only on a 5xx: an upstream failure it
 	// answers locally (a reset, a refused connection) shows as one.
 	c.reportHealth(c.isFailureStatus(code) || code >= 500 && upstreamFailed())

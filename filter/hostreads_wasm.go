@@ -1,0 +1,117 @@
+//go:build wasm
+
+package main
+
+import (
+	"encoding/binary"
+	"unsafe"
+)
+
+// The three reads every routed request makes — its headers, its body, the response
+// status — go to the host directly rather than through the SDK's wrappers, which
+// allocate their out-parameters and a slice of pairs on every call (a quarter of the
+// guest's allocations a request). The host still allocates the returned bytes through
+// the SDK's proxy_on_memory_allocate, as the ABI requires.
+
+//go:wasmimport env proxy_get_header_map_pairs
+func hostGetHeaderMapPairs(mapType int32, returnData unsafe.Pointer, returnSize *int32) int32
+
+//go:wasmimport env proxy_get_header_map_value
+func hostGetHeaderMapValue(mapType int32, keyData *byte, keySize int32, returnData unsafe.Pointer, returnSize *int32) int32
+
+//go:wasmimport env proxy_get_buffer_bytes
+func hostGetBufferBytes(bufferType int32, start int32, maxSize int32, returnData unsafe.Pointer, returnSize *int32) int32
+
+const (
+	mapRequestHeaders  = 0
+	mapResponseHeaders = 2
+	bufferRequestBody  = 0
+	statusOK           = 0
+)
+
+// The out-parameters live outside the stack so the calls allocate nothing: a VM runs
+// one callback at a time.
+var (
+	hostData *byte
+	hostSize int32
+)
+
+func hostBytes() []byte {
+	if hostData == nil || hostSize <= 0 {
+		return nil
+	}
+	return unsafe.Slice(hostData, hostSize)
+}
+
+// requestHeaders returns the request's headers, read with one host call.
+func requestHeaders() headerPairs {
+	hostData, hostSize = nil, 0
+	if hostGetHeaderMapPairs(mapRequestHeaders, unsafe.Pointer(&hostData), &hostSize) != statusOK {
+		return headerPairs{}
+	}
+	return newHeaderPairs(hostBytes())
+}
+
+// responseStatus returns the response's :status.
+func responseStatus() string {
+	const key = ":status"
+	hostData, hostSize = nil, 0
+	if hostGetHeaderMapValue(mapResponseHeaders, unsafe.StringData(key), int32(len(key)), unsafe.Pointer(&hostData), &hostSize) != statusOK {
+		return ""
+	}
+	b := hostBytes()
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// requestBody returns the buffered request body.
+func requestBody(size int) []byte {
+	hostData, hostSize = nil, 0
+	if hostGetBufferBytes(bufferRequestBody, 0, int32(size), unsafe.Pointer(&hostData), &hostSize) != statusOK {
+		return nil
+	}
+	return hostBytes()
+}
+
+// headerPairs walks the ABI's serialized header map in place: a count, the lengths
+// of each name and value, then the names and values, each followed by a NUL. The
+// strings it yields point into the host's buffer; nothing is copied.
+type headerPairs struct {
+	buf         []byte
+	left        int
+	sizes, data int
+}
+
+func newHeaderPairs(buf []byte) headerPairs {
+	if len(buf) < 4 {
+		return headerPairs{}
+	}
+	n := int(binary.LittleEndian.Uint32(buf))
+	if n < 0 || 4+8*n > len(buf) {
+		return headerPairs{}
+	}
+	return headerPairs{buf: buf, left: n, sizes: 4, data: 4 + 8*n}
+}
+
+// next returns the next header; ok is false after the last (or on a malformed map).
+func (h *headerPairs) next() (name, value string, ok bool) {
+	if h.left <= 0 {
+		return "", "", false
+	}
+	h.left--
+	nl := int(binary.LittleEndian.Uint32(h.buf[h.sizes:]))
+	vl := int(binary.LittleEndian.Uint32(h.buf[h.sizes+4:]))
+	h.sizes += 8
+	if nl < 0 || vl < 0 || h.data+nl+1+vl > len(h.buf) {
+		h.left = 0
+		return "", "", false
+	}
+	if nl > 0 {
+		name = unsafe.String(&h.buf[h.data], nl)
+	}
+	h.data += nl + 1
+	if vl > 0 {
+		value = unsafe.String(&h.buf[h.data], vl)
+	}
+	h.data += vl + 1
+	return name, value, true
+}
