@@ -49,20 +49,21 @@ func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (ac
 		if !ok {
 			break
 		}
-		switch name {
-		case ":method":
+		r := p.roles.of(name)
+		if r == nil {
+			continue
+		}
+		switch {
+		case r.method:
 			method = value
-		case ":path":
+		case r.path:
 			path = value
-		case "x-request-id":
+		case r.requestID:
 			c.requestID = value
-		case "content-length":
+		case r.contentLength:
 			contentLength = value
 		}
-		for i, owned := range p.owned {
-			if name != owned {
-				continue
-			}
+		for _, i := range r.owned {
 			if stripped&(1<<i) == 0 && name == cfg.Headers.DPRank && cfg.TrustClientDPRank {
 				if r, err := strconv.Atoi(strings.TrimSpace(value)); err == nil && r >= 0 {
 					c.clientRank = r
@@ -73,13 +74,8 @@ func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (ac
 			// a host that drops one at a time must not leave a spoofed copy behind.
 			_ = proxywasm.RemoveHttpRequestHeader(name)
 		}
-		if cfg.Conversation.Enabled && value != "" {
-			for i, h := range cfg.Conversation.Headers[:convRank] {
-				if name == h {
-					conversation, convRank = value, i // first configured header wins
-					break
-				}
-			}
+		if r.conversation >= 0 && r.conversation < convRank && value != "" {
+			conversation, convRank = value, r.conversation // first configured header wins
 		}
 	}
 	if i := strings.IndexByte(path, '?'); i >= 0 {

@@ -16,6 +16,7 @@ type pluginContext struct {
 	metrics *metrics
 	routes  map[string]routing.API
 	owned   []string // owned header names, stripped from every request
+	roles   *headerRoles
 
 	extractOpt  routing.ExtractOptions
 	promptBuf   []byte // the canonical prompt of the request being decided
@@ -60,6 +61,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 			p.owned = append(p.owned, name)
 		}
 	}
+	p.roles = newHeaderRoles(p.owned, cfg.Conversation.Headers, cfg.Conversation.Enabled)
 	if err := proxywasm.SetTickPeriodMilliSeconds(tickPeriodMS); err != nil {
 		proxywasm.LogWarnf("kvroute: no tick: expired load is only ignored, not swept, and VMs do not share prefix records: %v", err)
 	}
