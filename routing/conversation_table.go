@@ -21,9 +21,12 @@ type ConversationTable struct {
 const (
 	conversationBucketSize = 16
 	conversationEntryBytes = 16 // fingerprint, target id
-	// A hit in the older half of its bucket is moved to the front; hits in the
-	// newer half are recent enough, which saves a write on most turns.
-	conversationPromoteDepth = 8
+	// A hit in the oldest quarter of its bucket is moved to the front; hits above it
+	// are recent enough, which saves a write on most turns (and on three in four of
+	// the hits of conversations all equally active: a write costs as much as the
+	// rest of a sticky decision in wasm). The entry has four more new conversations'
+	// worth of room before it could be dropped.
+	conversationPromoteDepth = 12
 	conversationFormat       = 1
 )
 
