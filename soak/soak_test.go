@@ -210,7 +210,8 @@ func TestSoak(t *testing.T) {
 		c.guestMem = emulatorext.GuestMemory(mod)
 		if kv, ok := emulatorext.SharedData(emu); ok {
 			c.byFamily = map[string]int{}
-			for k, size := range kv {
+			for k, v := range kv {
+				size := len(v)
 				c.sharedKeys++
 				c.sharedSize += len(k) + size
 				family := k

@@ -36,8 +36,8 @@ func field(v reflect.Value, name string) (reflect.Value, bool) {
 	return reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem(), true
 }
 
-// SharedData returns every shared-data key with its value's size.
-func SharedData(emu proxytest.HostEmulator) (map[string]int, bool) {
+// SharedData returns a copy of every shared-data key and value the host holds.
+func SharedData(emu proxytest.HostEmulator) (map[string][]byte, bool) {
 	kvs, ok := field(reflect.ValueOf(emu), "rootHostEmulator")
 	if ok {
 		kvs, ok = field(kvs, "sharedDataKVS")
@@ -45,13 +45,13 @@ func SharedData(emu proxytest.HostEmulator) (map[string]int, bool) {
 	if !ok || kvs.Kind() != reflect.Map {
 		return nil, false
 	}
-	out := map[string]int{}
+	out := map[string][]byte{}
 	for it := kvs.MapRange(); it.Next(); {
 		data, ok := field(it.Value(), "data")
-		if !ok {
+		if !ok || data.Kind() != reflect.Slice {
 			return nil, false
 		}
-		out[it.Key().String()] = data.Len()
+		out[it.Key().String()] = append([]byte(nil), data.Bytes()...)
 	}
 	return out, true
 }
