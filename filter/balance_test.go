@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -253,5 +254,36 @@ func TestDecisionTimeHistogramIsRecorded(t *testing.T) {
 		// and wazero's moves 1 ms a reading, so only its presence is certain.
 		_, err = h.GetHistogramMetric("kvroute_decision_time_us")
 		require.NoError(t, err)
+	})
+}
+
+// Another VM's load reaches this VM's decisions on the tick: the tick writes this VM's
+// batch and reads what the others wrote. Here the other VM is played by the test,
+// writing into the shared ledger directly; every anonymous request then avoids the
+// target it loaded.
+func TestTickBringsOtherVMsLoad(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, `{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"}]}}}`)
+		id, _ := h.send(post("/v1/chat/completions", chat("first")))
+		h.respond(id, 200)
+		now := goClock
+		if h.wasm {
+			now = 1640995200000 + 1_000 // wazero's fake epoch, plus the readings so far
+		}
+		other := routing.NewLoadLedger(sharedStore{}, "kvroute", "decode", 600000, 8)
+		busy := routing.TargetID("10.0.0.1:8000", 0)
+		for i := 0; i < 20; i++ {
+			_, err := other.Acquire(busy, 1000, now)
+			require.NoError(t, err)
+		}
+		require.NoError(t, other.Flush(now))
+		h.Tick()
+		for i := 0; i < 10; i++ {
+			id, _ := h.send(post("/v1/chat/completions", chat(fmt.Sprint("request ", i))))
+			dest, _ := h.header(id, "x-gateway-destination-endpoint")
+			assert.Equal(t, "10.0.0.2:8000", dest, "request %d: the other VM's load is seen", i)
+			h.respond(id, 200)
+		}
+		assert.Equal(t, int64(20), h.poolLoad("decode").Requests, "this VM's releases never touch the other VM's load")
 	})
 }
