@@ -8,6 +8,7 @@ import (
 	"log"
 	"math/rand"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -136,6 +137,9 @@ func (e *emulator) warmThenTime(bodies [][]byte, convs, start, batch int, ticks 
 	for i := 0; i < convs; i++ {
 		e.exchange("/v1/chat/completions", at(i))
 	}
+	// The host's collector starts each batch clean: neither filter pays for the
+	// garbage the other's batch left in the emulator.
+	runtime.GC()
 	return perRequest(e, batch, func(i int) {
 		e.exchange("/v1/chat/completions", at(convs+i))
 		if ticks && i%ticksEvery == ticksEvery-1 {
