@@ -287,3 +287,38 @@ func TestTickBringsOtherVMsLoad(t *testing.T) {
 		assert.Equal(t, int64(20), h.poolLoad("decode").Requests, "this VM's releases never touch the other VM's load")
 	})
 }
+
+// A plugin retired by a reconfiguration hands over, at its end, what was waiting for
+// a tick: its batch of load changes (else it would count until the lease expired) and
+// its request counts.
+func TestPluginDoneWritesTheBatch(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, `{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"}]}}}`)
+		for i := 0; i < 3; i++ {
+			id, _ := h.send(post("/v1/chat/completions", chat(fmt.Sprint("done ", i))))
+			h.respond(id, 200)
+		}
+		for i := 0; i < 2; i++ { // still running when the plugin ends
+			h.send(post("/v1/chat/completions", chat(fmt.Sprint("open ", i))))
+		}
+		shared := func() int64 {
+			now := goClock
+			if h.wasm {
+				now = 1640995200000 + 1_000
+			}
+			snap, err := routing.NewLoadLedger(sharedStore{}, "kvroute", "decode", 600000, 8).Snapshot(now)
+			require.NoError(t, err)
+			var n int64
+			for _, l := range snap {
+				n += l.Requests
+			}
+			return n
+		}
+		assert.Equal(t, int64(0), shared(), "no tick yet: the batch is still the VM's")
+		h.FinishVM()
+		assert.Equal(t, int64(2), shared(), "written at the plugin's end")
+		routed, err := h.GetCounterMetric("kvroute_requests_routed")
+		require.NoError(t, err)
+		assert.Equal(t, uint64(5), routed)
+	})
+}

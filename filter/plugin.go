@@ -102,10 +102,18 @@ func (p *pluginContext) OnTick() {
 	p.metrics.activeRequests.set(total)
 }
 
-// OnPluginDone hands over the counts still waiting for a tick.
+// OnPluginDone hands over what still waits for a tick — the counts, and the load
+// changes of the VM's batch, which would otherwise count until the lease expires when
+// a reconfiguration retires this plugin.
 func (p *pluginContext) OnPluginDone() bool {
+	defer p.recoverFailOpen("plugin done")
 	if p.metrics != nil {
 		p.metrics.flushCounters()
+	}
+	if p.router != nil {
+		if err := p.router.FlushLoad(); err != nil && p.metrics != nil {
+			p.metrics.stateConflicts.Increment(1)
+		}
 	}
 	return true
 }
