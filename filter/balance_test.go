@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/routing"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
@@ -270,7 +271,7 @@ func TestTickBringsOtherVMsLoad(t *testing.T) {
 		if h.wasm {
 			now = 1640995200000 + 1_000 // wazero's fake epoch, plus the readings so far
 		}
-		other := routing.NewLoadLedger(sharedStore{}, "kvroute", "decode", 600000, 8)
+		other := routing.NewLoadLedger(shareddata.Store{}, "kvroute", "decode", 600000, 8)
 		busy := routing.TargetID("10.0.0.1:8000", 0)
 		for i := 0; i < 20; i++ {
 			_, err := other.Acquire(busy, 1000, now)
@@ -306,7 +307,7 @@ func TestPluginDoneWritesTheBatch(t *testing.T) {
 			if h.wasm {
 				now = 1640995200000 + 1_000
 			}
-			snap, err := routing.NewLoadLedger(sharedStore{}, "kvroute", "decode", 600000, 8).Snapshot(now)
+			snap, err := routing.NewLoadLedger(shareddata.Store{}, "kvroute", "decode", 600000, 8).Snapshot(now)
 			require.NoError(t, err)
 			var n int64
 			for _, l := range snap {

@@ -18,7 +18,7 @@ import (
 //
 // Shared-data errors (get/set failures, CAS conflicts) cannot be injected through the
 // SDK host emulator when the filter runs as compiled wasm; they are injected one layer
-// down, through the routing.Store interface the filter's sharedStore implements, in
+// down, through the routing.Store interface internal/shareddata implements, in
 // routing/fault_store_test.go.
 
 // inlineModes are the P/D modes in which the filter dispatches the prefill itself.

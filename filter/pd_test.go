@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/routing"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
@@ -27,7 +28,7 @@ func (h *host) poolLoad(pool string) routing.Load {
 	if h.wasm {
 		now = 1640995200000 + 60_000 // wazero's fake epoch, plus the readings so far
 	}
-	snap, err := routing.NewLoadLedger(sharedStore{}, "kvroute", pool, 600000, 8).Snapshot(now)
+	snap, err := routing.NewLoadLedger(shareddata.Store{}, "kvroute", pool, 600000, 8).Snapshot(now)
 	require.NoError(h.t, err)
 	var l routing.Load
 	for _, v := range snap {

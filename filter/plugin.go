@@ -3,6 +3,7 @@ package main
 import (
 	"time"
 
+	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/routing"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
@@ -48,9 +49,9 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 		p.extractOpt.BodyFields = cfg.Conversation.BodyFields
 	}
 	p.extractOpt = p.extractOpt.Prepared()
-	p.router = routing.NewRouter(&p.cfg, sharedStore{}, func() int64 { return nowMS() })
+	p.router = routing.NewRouter(&p.cfg, shareddata.Store{}, func() int64 { return nowMS() })
 	p.metrics = defineMetrics(p.router.DecodeTargets())
-	p.scrapeLease = routing.NewScrapeLease(sharedStore{}, cfg.State.Namespace, cfg.State.MaxCASRetries)
+	p.scrapeLease = routing.NewScrapeLease(shareddata.Store{}, cfg.State.Namespace, cfg.State.MaxCASRetries)
 	p.routes = map[string]routing.API{}
 	for _, r := range cfg.Routes {
 		p.routes[r] = routing.APIForPath(r)

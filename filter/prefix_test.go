@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -185,20 +186,20 @@ func TestTickPublishesPrefixRecordsToSharedData(t *testing.T) {
 		h := startHost(t, vm, threeEndpoints)
 		rng := rand.New(rand.NewSource(8))
 		h.route(post("/v1/completions", completionBody(prose(rng, 2000))))
-		_, _, err := (sharedStore{}).Get("kvroute/pj/decode/0/head")
+		_, _, err := (shareddata.Store{}).Get("kvroute/pj/decode/0/head")
 		require.Error(t, err, "nothing is published before the tick")
 		h.Tick()
-		head, _, err := (sharedStore{}).Get("kvroute/pj/decode/0/head")
+		head, _, err := (shareddata.Store{}).Get("kvroute/pj/decode/0/head")
 		require.NoError(t, err)
 		assert.Len(t, head, 17)
-		chunk, _, err := (sharedStore{}).Get("kvroute/pj/decode/0/1")
+		chunk, _, err := (shareddata.Store{}).Get("kvroute/pj/decode/0/1")
 		require.NoError(t, err)
 		// 2000 bytes in blocks of 64: 31 blocks, 16 + 7 checkpoints + the last block.
 		assert.Equal(t, 17+12*24, len(chunk))
 		// Every later tick with news publishes too.
 		h.route(post("/v1/completions", completionBody(prose(rng, 2000))))
 		h.Tick()
-		head, _, err = (sharedStore{}).Get("kvroute/pj/decode/0/head")
+		head, _, err = (shareddata.Store{}).Get("kvroute/pj/decode/0/head")
 		require.NoError(t, err)
 		assert.Equal(t, byte(2), head[9], "the head names chunk 2")
 		assert.Equal(t, uint64(0), h.counter("kvroute_state_conflicts"))

@@ -297,3 +297,28 @@ func TestLedgerBatchesChangesPerVM(t *testing.T) {
 	require.NoError(t, b.FlushLoad())
 	assert.Equal(t, Load{Requests: 1, Tokens: 1}, ledgerTotal(t, b))
 }
+
+// The flush drops expired slots from the stored value even when the VM has nothing
+// to write, also from a target that still has live load.
+func TestLedgerFlushDropsExpiredSlots(t *testing.T) {
+	store, clock := NewMemoryStore(), &fakeClock{ms: 1e6}
+	cfg := testConfig(t, `,"state":{"lease_ms":8000}`)
+	r := NewRouter(cfg, store, clock.now)
+	target := r.DecodeTargets()[0].ID
+	_, err := r.decode.ledger.Acquire(target, 5, clock.ms) // never released: its slot expires
+	require.NoError(t, err)
+	require.NoError(t, r.FlushLoad())
+	clock.ms += 7000
+	_, err = r.decode.ledger.Acquire(target, 7, clock.ms) // a live slot of the same target
+	require.NoError(t, err)
+	require.NoError(t, r.FlushLoad())
+	full, _, err := store.Get("kvroute/load/decode")
+	require.NoError(t, err)
+	assert.Len(t, full, 1+ledgerTargetHeader+2*ledgerSlotBytes)
+	clock.ms += 2000 // the first slot is now past the lease
+	require.NoError(t, r.FlushLoad())
+	swept, _, err := store.Get("kvroute/load/decode")
+	require.NoError(t, err)
+	assert.Len(t, swept, 1+ledgerTargetHeader+ledgerSlotBytes, "the expired slot is gone, the live one kept")
+	assert.Equal(t, Load{Requests: 1, Tokens: 7}, ledgerTotal(t, r))
+}

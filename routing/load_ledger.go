@@ -310,11 +310,12 @@ func (l *LoadLedger) Flush(nowMS int64) error {
 			return err
 		}
 		entries := decodeLedger(old, oldest)
-		if !l.hasChanges() && len(entries) == countEntries(old) {
-			l.seen, l.read, l.pending = old, true, l.pending[:0] // nothing to write, nothing expired
+		next := encodeLedger(applyDeltas(entries, l.pending, oldest))
+		if !l.hasChanges() && (old == nil || len(next) == len(old)) {
+			// Nothing to write and nothing expired (dropping a slot shortens the value).
+			l.seen, l.read, l.pending = old, true, l.pending[:0]
 			return nil
 		}
-		next := encodeLedger(applyDeltas(entries, l.pending, oldest))
 		err = l.store.Set(l.key, next, cas)
 		if err == nil {
 			l.seen, l.read, l.pending = next, true, l.pending[:0]
@@ -325,23 +326,6 @@ func (l *LoadLedger) Flush(nowMS int64) error {
 		}
 	}
 	return ErrStateConflict
-}
-
-// countEntries is how many target entries an encoded ledger holds (0 if unreadable).
-func countEntries(v []byte) int {
-	if len(v) < 1 || v[0] != ledgerFormat {
-		return 0
-	}
-	n := 0
-	for v = v[1:]; len(v) >= ledgerTargetHeader; n++ {
-		slots := int(v[8])
-		v = v[ledgerTargetHeader:]
-		if len(v) < slots*ledgerSlotBytes {
-			return 0
-		}
-		v = v[slots*ledgerSlotBytes:]
-	}
-	return n
 }
 
 // Acquire adds one request of tokens to target and returns its ticket. The ticket is

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/emulatorext"
+	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/routing"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
@@ -60,28 +61,6 @@ var endpoints = map[string]bool{"10.0.0.1:8000": true, "10.0.0.2:8000": true, "1
 func TestMain(m *testing.M) {
 	log.SetOutput(io.Discard) // the emulator logs every host call
 	os.Exit(m.Run())
-}
-
-// sharedStore is routing.Store over the emulator's shared data (as filter/shared_store.go).
-type sharedStore struct{}
-
-func (sharedStore) Get(key string) ([]byte, uint32, error) {
-	v, cas, err := proxywasm.GetSharedData(key)
-	switch err {
-	case nil:
-		return v, cas, nil
-	case types.ErrorStatusNotFound:
-		return nil, 0, routing.ErrNotFound
-	}
-	return nil, 0, err
-}
-
-func (sharedStore) Set(key string, value []byte, cas uint32) error {
-	err := proxywasm.SetSharedData(key, value, cas)
-	if err == types.ErrorStatusCasMismatch {
-		return routing.ErrCASMismatch
-	}
-	return err
 }
 
 // hostRSS is this process's resident set (VmRSS), in bytes.
@@ -343,7 +322,7 @@ func TestSoak(t *testing.T) {
 	// slot whatever its age): every acquire was released exactly once. A last tick
 	// writes the VM's batch of load changes and sets the gauges.
 	emu.Tick()
-	snap, err := routing.NewLoadLedger(sharedStore{}, "kvroute", "decode", 600000, 8).Snapshot(0)
+	snap, err := routing.NewLoadLedger(shareddata.Store{}, "kvroute", "decode", 600000, 8).Snapshot(0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -457,15 +457,7 @@ func writeReplicaTable(w io.Writer, rep *Report, o *options, runs []*replicaRun)
 	for _, run := range runs {
 		r := run.Result
 		fmt.Fprintf(w, "\n%s decisions:", r.Policy)
-		var total uint64
-		for _, c := range r.Decisions {
-			total += c.N
-		}
-		for _, c := range r.Decisions {
-			if c.N > 0 {
-				fmt.Fprintf(w, " %s %d (%.1f%%)", c.Name, c.N, 100*ratio(float64(c.N), float64(total)))
-			}
-		}
+		writeDecisionMix(w, r.Decisions)
 		fmt.Fprintf(w, "\n  requests per replica:")
 		for _, n := range run.PerKid {
 			fmt.Fprintf(w, " %d", n)

@@ -122,15 +122,7 @@ func (rep *Report) WriteText(w io.Writer) {
 	}
 	if k := rep.KVRoute; k != nil {
 		fmt.Fprintf(w, "\nkvroute decisions (filter counters):")
-		var total uint64
-		for _, c := range k.Decisions {
-			total += c.N
-		}
-		for _, c := range k.Decisions {
-			if c.N > 0 {
-				fmt.Fprintf(w, " %s %d (%.1f%%)", c.Name, c.N, 100*ratio(float64(c.N), float64(total)))
-			}
-		}
+		writeDecisionMix(w, k.Decisions)
 		fmt.Fprintf(w, "; P/D split: %s; %d timer ticks\n", k.PD, k.Ticks)
 		fmt.Fprintf(w, "kvroute requests per target:")
 		for _, n := range k.Assigned {
@@ -305,4 +297,17 @@ func (rep *Report) WriteCSV(w io.Writer, reqs []*Request) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeDecisionMix writes " kind n (share%)" for every kind that occurred.
+func writeDecisionMix(w io.Writer, decisions []Count) {
+	var total uint64
+	for _, c := range decisions {
+		total += c.N
+	}
+	for _, c := range decisions {
+		if c.N > 0 {
+			fmt.Fprintf(w, " %s %d (%.1f%%)", c.Name, c.N, 100*ratio(float64(c.N), float64(total)))
+		}
+	}
 }

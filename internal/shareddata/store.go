@@ -1,4 +1,7 @@
-package main
+// Package shareddata is routing.Store over proxy-wasm shared data: one store for
+// every VM of the same vm_id in an Envoy. The filter keeps its state in it; the soak
+// and the filter tests read the emulator's shared data through it.
+package shareddata
 
 import (
 	"github.com/kvroute/kvroute/routing"
@@ -6,11 +9,10 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
 
-// sharedStore is routing.Store over proxy-wasm shared data: one store for every VM
-// of the same vm_id in an Envoy.
-type sharedStore struct{}
+// Store is routing.Store over the host's shared data.
+type Store struct{}
 
-func (sharedStore) Get(key string) ([]byte, uint32, error) {
+func (Store) Get(key string) ([]byte, uint32, error) {
 	v, cas, err := proxywasm.GetSharedData(key)
 	switch err {
 	case nil:
@@ -21,7 +23,7 @@ func (sharedStore) Get(key string) ([]byte, uint32, error) {
 	return nil, 0, err
 }
 
-func (sharedStore) Set(key string, value []byte, cas uint32) error {
+func (Store) Set(key string, value []byte, cas uint32) error {
 	err := proxywasm.SetSharedData(key, value, cas)
 	if err == types.ErrorStatusCasMismatch {
 		return routing.ErrCASMismatch
