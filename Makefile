@@ -1,7 +1,7 @@
 # kvroute — build, test and demo. Every target works on a fresh machine with Go >= 1.25.
 GO        ?= go
 WASM      := build/kvroute.wasm
-WASM_SRC  := $(shell find filter routing -name '*.go' -not -name '*_test.go') go.mod go.sum
+WASM_SRC  := $(shell find filter routing internal -name '*.go' -not -name '*_test.go') go.mod go.sum
 
 .PHONY: all build demo samples test bench soak fuzz clean image
 
