@@ -77,7 +77,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -781,12 +781,38 @@ func cfgPoolField(dst *Pool, prefill bool) cfgSetter {
 	})
 }
 
+// splitHostPort splits "host:port" or "[host]:port" as net.SplitHostPort does. Package
+// net is kept out of the module: it links in a WASI import (path_filestat_get) that
+// the proxy-wasm hosts of older Envoy and Istio releases do not provide.
+func splitHostPort(s string) (host, port string, ok bool) {
+	if strings.HasPrefix(s, "[") {
+		end := strings.IndexByte(s, ']')
+		if end < 0 || end+1 >= len(s) || s[end+1] != ':' {
+			return "", "", false
+		}
+		host, port = s[1:end], s[end+2:]
+		if strings.ContainsAny(host, "[]") || strings.ContainsAny(port, "[]:") {
+			return "", "", false
+		}
+		return host, port, true
+	}
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return "", "", false
+	}
+	host, port = s[:i], s[i+1:]
+	if strings.ContainsAny(host, "[]:") || strings.ContainsAny(port, "[]") {
+		return "", "", false
+	}
+	return host, port, true
+}
+
 // cfgHostPort checks "host:port": a DNS name, an IPv4 address or a bracketed IPv6
 // address, and a decimal port 1..65535 without leading zeros.
 func cfgHostPort(p, s string) error {
 	bad := func(why string) error { return cfgErr(p, "%s is not host:port (%s)", cfgQuote(s), why) }
-	host, port, err := net.SplitHostPort(s)
-	if err != nil {
+	host, port, ok := splitHostPort(s)
+	if !ok {
 		return bad("want host:port or [ipv6]:port")
 	}
 	if host == "" {
@@ -798,8 +824,8 @@ func cfgHostPort(p, s string) error {
 	if n, _ := strconv.Atoi(port); n < 1 || n > cfgPortMax {
 		return bad("port must be a number 1..65535")
 	}
-	if strings.Contains(host, ":") { // SplitHostPort only allows this inside brackets
-		if !strings.HasPrefix(s, "[") || net.ParseIP(host) == nil {
+	if strings.Contains(host, ":") { // splitHostPort only allows this inside brackets
+		if ip, err := netip.ParseAddr(host); err != nil || !ip.Is6() || ip.Zone() != "" {
 			return bad("bad IPv6 address")
 		}
 		return nil
@@ -808,7 +834,7 @@ func cfgHostPort(p, s string) error {
 		return bad("brackets are for IPv6 addresses only")
 	}
 	if strings.Trim(host, "0123456789.") == "" { // all digits and dots: must be IPv4
-		if ip := net.ParseIP(host); ip == nil || ip.To4() == nil {
+		if ip, err := netip.ParseAddr(host); err != nil || !ip.Is4() {
 			return bad("bad IPv4 address")
 		}
 		return nil

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"net"
 	"strings"
 	"testing"
 )
@@ -39,6 +40,22 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		if c.Disaggregation.Mode != ModeOff && len(c.Pools.Prefill.Endpoints) == 0 {
 			t.Fatalf("mode %q without prefill endpoints", c.Disaggregation.Mode)
+		}
+	})
+}
+
+// splitHostPort stands in for net.SplitHostPort (package net is kept out of the
+// module); it must split exactly as net does.
+func FuzzSplitHostPortAgreesWithNet(f *testing.F) {
+	for _, s := range []string{"10.0.0.1:8000", "[::1]:80", "[::1]", "::1:80", "host:", ":80",
+		"[a]:b:c", "a]:80", "[a:80", "a[b]:80", "[::1]x:80", "[[::1]]:80", "[::1]:8]0", "h"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		host, port, ok := splitHostPort(s)
+		wantHost, wantPort, err := net.SplitHostPort(s)
+		if ok != (err == nil) || ok && (host != wantHost || port != wantPort) {
+			t.Fatalf("splitHostPort(%q) = %q, %q, %v; net says %q, %q, %v", s, host, port, ok, wantHost, wantPort, err)
 		}
 	})
 }
