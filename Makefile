@@ -3,15 +3,26 @@ GO        ?= go
 WASM      := build/kvroute.wasm
 WASM_SRC  := $(shell find filter routing internal -name '*.go' -not -name '*_test.go') go.mod go.sum
 
+# Every wasm module is built with a patch of Go's wasip1 runtime (internal/wasip1patch):
+# without it, the proxy-wasm hosts of Envoy and Istio releases built before
+# proxy-wasm-cpp-host #533 kill the module at its first garbage collection. The patched
+# files are generated from the installed Go at build time; the build fails if they
+# cannot be.
+GOROOT_RUNTIME := $(shell $(GO) env GOROOT)/src/runtime
+OVERLAY   := build/wasip1patch/overlay.json
+WASM_GO   := GOOS=wasip1 GOARCH=wasm $(GO) build -overlay $(OVERLAY) -buildmode=c-shared -trimpath
+
 .PHONY: all build demo samples test bench soak fuzz clean image
 
 all: build
 
 build: $(WASM)
 
-$(WASM): $(WASM_SRC)
-	@mkdir -p build
-	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $(WASM) ./filter
+$(OVERLAY): internal/wasip1patch/main.go $(GOROOT_RUNTIME)/os_wasip1.go $(GOROOT_RUNTIME)/netpoll_wasip1.go
+	$(GO) run ./internal/wasip1patch -goroot "$$($(GO) env GOROOT)" -out $(dir $(OVERLAY))
+
+$(WASM): $(WASM_SRC) $(OVERLAY)
+	$(WASM_GO) -o $(WASM) ./filter
 
 # The main job: build the wasm and replay the Mooncake trace through it in the SDK host
 # emulator against a modelled fleet, next to the baselines, printing the report.
@@ -38,7 +49,7 @@ image: build
 
 bench: build
 	@mkdir -p build
-	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o build/floor.wasm ./bench/floorfilter
+	$(WASM_GO) -o build/floor.wasm ./bench/floorfilter
 	$(GO) test ./bench -run '^$$' -bench . -benchtime 2700x
 	$(GO) test -run '^$$' -bench . -benchmem ./routing ./filter
 

@@ -50,7 +50,7 @@ func TestEnvoy(t *testing.T) {
 	}
 	root := repoRoot(t)
 	dir := t.TempDir()
-	wasm := goBuild(t, root, dir, "kvroute.wasm", "./filter", "GOOS=wasip1", "GOARCH=wasm")
+	wasm := buildModule(t, root)
 	mock := buildMockWorker(t, root, dir)
 
 	for _, c := range []struct {

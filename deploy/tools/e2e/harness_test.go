@@ -52,20 +52,27 @@ func repoRoot(t *testing.T) string {
 }
 
 // goBuild builds a package of the kvroute module (run in the repository root) into dir.
-func goBuild(t *testing.T, root, dir, out, pkg string, env ...string) string {
+func goBuild(t *testing.T, root, dir, out, pkg string) string {
 	t.Helper()
 	dst := filepath.Join(dir, out)
-	args := []string{"build", "-trimpath", "-o", dst}
-	if strings.HasSuffix(out, ".wasm") {
-		args = append(args, "-buildmode=c-shared")
-	}
-	cmd := exec.Command("go", append(args, pkg)...)
+	cmd := exec.Command("go", "build", "-trimpath", "-o", dst, pkg)
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), env...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 	}
 	return dst
+}
+
+// buildModule builds the filter as operators get it, with `make build` (which patches
+// Go's wasip1 runtime for older Envoy releases), and returns its path.
+func buildModule(t *testing.T, root string) string {
+	t.Helper()
+	cmd := exec.Command("make", "build")
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make build: %v\n%s", err, b)
+	}
+	return filepath.Join(root, "build", "kvroute.wasm")
 }
 
 // buildMockWorker builds cmd/kvroute-mockworker.
