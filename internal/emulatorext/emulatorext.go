@@ -10,6 +10,7 @@ package emulatorext
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"unsafe"
 
@@ -128,4 +129,82 @@ func GuestMemory(mod api.Module) uint64 {
 		return 0
 	}
 	return uint64(mod.Memory().Size())
+}
+
+// guestExports names the guest export behind each field of the emulator's guestABI.
+var guestExports = map[string]string{
+	"proxyOnVMStart":          "proxy_on_vm_start",
+	"proxyOnContextCreate":    "proxy_on_context_create",
+	"proxyOnConfigure":        "proxy_on_configure",
+	"proxyOnDone":             "proxy_on_done",
+	"proxyOnQueueReady":       "proxy_on_queue_ready",
+	"proxyOnTick":             "proxy_on_tick",
+	"proxyOnRequestHeaders":   "proxy_on_request_headers",
+	"proxyOnRequestBody":      "proxy_on_request_body",
+	"proxyOnRequestTrailers":  "proxy_on_request_trailers",
+	"proxyOnResponseHeaders":  "proxy_on_response_headers",
+	"proxyOnResponseBody":     "proxy_on_response_body",
+	"proxyOnResponseTrailers": "proxy_on_response_trailers",
+	"proxyOnLog":              "proxy_on_log",
+}
+
+// emptyModule is the smallest valid wasm binary: a module with nothing in it.
+var emptyModule = []byte{0x00, 'a', 's', 'm', 0x01, 0x00, 0x00, 0x00}
+
+// NewWasmVMContextWithWASI is proxytest.NewWasmVMContext with the guest's
+// wasi_snapshot_preview1 supplied by instantiateWASI instead of wazero's, which answers
+// every call fully: it lets a test run the module against the WASI of a particular
+// host. The emulator's own proxy-wasm ABI ("env") serves the guest as usual.
+func NewWasmVMContextWithWASI(wasm []byte, instantiateWASI func(context.Context, wazero.Runtime) error) (proxytest.WasmVMContext, error) {
+	vm, err := proxytest.NewWasmVMContext(emptyModule)
+	if err != nil {
+		return nil, err
+	}
+	rv, ok := field(reflect.ValueOf(vm), "runtime")
+	if !ok {
+		return nil, errors.New("emulatorext: the emulator's runtime field moved")
+	}
+	r, ok := rv.Interface().(wazero.Runtime)
+	if !ok {
+		return nil, errors.New("emulatorext: the emulator's runtime is not a wazero.Runtime")
+	}
+	cv, ok := field(reflect.ValueOf(vm), "ctx")
+	if !ok {
+		return nil, errors.New("emulatorext: the emulator's ctx field moved")
+	}
+	ctx, _ := cv.Interface().(context.Context)
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if wasi := r.Module("wasi_snapshot_preview1"); wasi != nil {
+		if err := wasi.Close(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := instantiateWASI(ctx, r); err != nil {
+		return nil, err
+	}
+	compiled, err := r.CompileModule(ctx, wasm)
+	if err != nil {
+		return nil, err
+	}
+	mod, err := r.InstantiateModule(ctx, compiled, wazero.NewModuleConfig().
+		WithStartFunctions("_initialize", "_start", "main"))
+	if err != nil {
+		return nil, err
+	}
+	abi, ok := field(reflect.ValueOf(vm), "abi")
+	if !ok || abi.Kind() != reflect.Struct || abi.NumField() != len(guestExports) {
+		return nil, errors.New("emulatorext: the emulator's guest ABI changed")
+	}
+	for fieldName, export := range guestExports {
+		f, ok := field(abi, fieldName)
+		if !ok {
+			return nil, errors.New("emulatorext: the emulator's guest ABI has no " + fieldName)
+		}
+		if fn := mod.ExportedFunction(export); fn != nil {
+			f.Set(reflect.ValueOf(fn))
+		}
+	}
+	return vm, nil
 }
