@@ -49,6 +49,12 @@ type Decision struct {
 
 	Prefill Target // set when PD == PDDisaggregated
 
+	// MatchedTokens is how many of the request's estimated tokens the target that
+	// computes the prompt (the prefill target when disaggregated, else the decode
+	// target) already held as a prefix when it was chosen, as the prefix index sees
+	// it; 0 without a prompt or with prefix routing off.
+	MatchedTokens int
+
 	// Tickets hand the load back at the end of each leg; an invalid ticket (state
 	// failed) releases nothing.
 	Ticket        LoadTicket

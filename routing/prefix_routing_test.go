@@ -204,3 +204,46 @@ func TestPrefixDisabledRoutesByLoad(t *testing.T) {
 		_ = r.Release(d.Ticket)
 	}
 }
+
+func TestMatchedTokensAreTheChosenTargetsPrefixBeforeTheRequest(t *testing.T) {
+	r := NewRouter(testConfig(t, ""), NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	rng := rand.New(rand.NewSource(3))
+	history := words(rng, 4000) // 1000 tokens, 62 full blocks of 16
+	first := r.Decide(textRequest(history, 1), NoRank)
+	assert.Equal(t, 0, first.MatchedTokens, "nothing recorded yet: its own record is not a match")
+	next := r.Decide(textRequest(history+words(rng, 400), 2), NoRank)
+	require.Equal(t, first.Target.ID, next.Target.ID)
+	// The index keeps checkpoints, not every block: a match is at least 7/8 of the truth.
+	assert.True(t, next.MatchedTokens >= 62*16*7/8 && next.MatchedTokens <= 62*16, "%d", next.MatchedTokens)
+	other := r.Decide(textRequest(words(rng, 4000), 3), NoRank)
+	assert.Equal(t, 0, other.MatchedTokens)
+}
+
+func TestMatchedTokensOfAStickyConversation(t *testing.T) {
+	r := NewRouter(testConfig(t, ""), NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	rng := rand.New(rand.NewSource(4))
+	history := words(rng, 4000)
+	req := func(text string) *Request {
+		q := textRequest(text, uint64(len(text)))
+		q.Conversation, q.HasConversation = FingerprintString("c"), true
+		return q
+	}
+	first := r.Decide(req(history), NoRank)
+	assert.Equal(t, KindNewConversation, first.Kind)
+	assert.Equal(t, 0, first.MatchedTokens)
+	second := r.Decide(req(history+words(rng, 400)), NoRank)
+	assert.Equal(t, KindSticky, second.Kind)
+	assert.True(t, second.MatchedTokens >= 62*16*7/8 && second.MatchedTokens <= 62*16,
+		"a sticky placement looks no match up to place, but one is measured: %d", second.MatchedTokens)
+}
+
+func TestUncachedOnlyDisaggregatesANewConversation(t *testing.T) {
+	cfg := pdConfig(t, `{"mode":"vllm","threshold_tokens":200,"uncached_only":true}`)
+	r := NewRouter(cfg, NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	rng := rand.New(rand.NewSource(5))
+	q := textRequest(words(rng, 4000), 1)
+	q.Conversation, q.HasConversation = FingerprintString("new"), true
+	d := r.Decide(q, NoRank)
+	assert.Equal(t, KindNewConversation, d.Kind)
+	assert.Equal(t, PDDisaggregated, d.PD, "the request's own prefix record is not a cache hit")
+}

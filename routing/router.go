@@ -374,13 +374,14 @@ func (r *Router) Decide(req *Request, rank int) Decision {
 	if err != nil {
 		d = r.fallback(r.decode, req, rank)
 	} else {
-		d = Decision{Kind: c.kind, Target: c.target, Ticket: c.ticket, StateFailed: c.stateFailed}
+		d = Decision{Kind: c.kind, Target: c.target, Ticket: c.ticket, StateFailed: c.stateFailed,
+			MatchedTokens: c.matched}
 	}
 	if r.cfg.Disaggregation.Mode == ModeOff {
 		return d
 	}
 	d.PD = PDDirect
-	if !r.disaggregate(req, pr, &d) {
+	if !r.disaggregate(req, &d) {
 		return d
 	}
 	pc, err := r.choose(r.prefill, req, &prompt{cps: cps, blocks: blocks}, NoRank, nowMS)
@@ -389,7 +390,7 @@ func (r *Router) Decide(req *Request, rank int) Decision {
 		f := r.fallback(r.prefill, req, NoRank)
 		pc = chosen{target: f.Target, stateFailed: true}
 	}
-	d.PD, d.Prefill, d.PrefillTicket = PDDisaggregated, pc.target, pc.ticket
+	d.PD, d.Prefill, d.PrefillTicket, d.MatchedTokens = PDDisaggregated, pc.target, pc.ticket, pc.matched
 	d.StateFailed = d.StateFailed || pc.stateFailed
 	return d
 }
@@ -400,11 +401,12 @@ type chosen struct {
 	target      Target
 	ticket      LoadTicket
 	stateFailed bool // the prefix record or the load update failed
+	matched     int  // tokens of the request the target held before it was recorded there
 }
 
 // disaggregate is SPEC §6.1: at least threshold_tokens estimated prompt tokens, and
 // with uncached_only at least that many not already cached on the decode target.
-func (r *Router) disaggregate(req *Request, pr *prompt, d *Decision) bool {
+func (r *Router) disaggregate(req *Request, d *Decision) bool {
 	threshold := r.cfg.Disaggregation.ThresholdTokens
 	if req.Tokens < threshold {
 		return false
@@ -412,12 +414,7 @@ func (r *Router) disaggregate(req *Request, pr *prompt, d *Decision) bool {
 	if !r.cfg.Disaggregation.UncachedOnly || threshold == 0 {
 		return true
 	}
-	v := &poolView{pool: r.decode}
-	if err := r.lookup(v, pr); err != nil || pr.matched == nil {
-		return true
-	}
-	cached := min(pr.matched[r.decode.targets.Index(d.Target.ID)]*r.cfg.Prefix.BlockTokens, req.Tokens)
-	return req.Tokens-cached >= threshold
+	return req.Tokens-d.MatchedTokens >= threshold
 }
 
 // choose is SPEC §4 over one pool: place the request, record its prefix against the
@@ -440,6 +437,7 @@ func (r *Router) choose(p *poolState, req *Request, pr *prompt, rank int, nowMS 
 	}
 	c := chosen{kind: kind, target: p.targets.Targets[choice]}
 	if len(pr.cps) > 0 {
+		c.matched = r.matchedOn(v, req, pr, choice)
 		p.index.Record(pr.cps, c.target.ID)
 	}
 	c.ticket, err = p.ledger.Acquire(c.target.ID, int64(req.Tokens), nowMS)
@@ -447,6 +445,23 @@ func (r *Router) choose(p *poolState, req *Request, pr *prompt, rank int, nowMS 
 		c.stateFailed = true
 	}
 	return c, nil
+}
+
+// matchedOn is the tokens of the request that target choice holds, looked up before
+// the request is recorded against it. A placement that looked up no match (a sticky
+// conversation, a round-robin first turn) or only the deepest one without choice in
+// it pays for the full lookup here: the match it finds is also what disaggregation's
+// uncached_only must see, not the request's own record.
+func (r *Router) matchedOn(v *poolView, req *Request, pr *prompt, choice int) int {
+	if req.Tokens <= 0 {
+		return 0
+	}
+	if pr.matched == nil || !pr.complete && pr.matched[choice] == 0 {
+		if err := r.lookup(v, pr); err != nil || pr.matched == nil {
+			return 0
+		}
+	}
+	return min(pr.matched[choice]*r.cfg.Prefix.BlockTokens, req.Tokens)
 }
 
 // lookup fills pr.matched from the pool's prefix index: every target's match.
