@@ -11,8 +11,9 @@ import (
 // scrape lease asks every endpoint for its Prometheus page, through
 // engine_metrics.cluster with the endpoint in the destination header, and publishes
 // the running, waiting and KV figures per DP rank for every VM's decisions. A failed
-// or unparsable scrape publishes nothing: the previous figures age out after
-// engine_metrics.stale_ms. Scrapes never touch a request.
+// or unparsable scrape publishes nothing and counts kvroute_engine_scrape_failures:
+// the previous figures age out after engine_metrics.stale_ms. Scrapes never touch a
+// request.
 
 // vmID tells the VMs of one Envoy apart for the scrape lease.
 var vmID uint64 = 1
@@ -46,6 +47,7 @@ func (p *pluginContext) scrapeEngines(now int64) {
 			_, err := proxywasm.DispatchHttpCall(cfg.Cluster, headers, nil, nil, uint32(cfg.IntervalMS),
 				func(_, bodySize, _ int) { p.onScrape(prefill, endpoint, bodySize) })
 			if err != nil {
+				p.metrics.scrapeFailures.Increment(1)
 				proxywasm.LogDebugf("kvroute: scrape of %s via cluster %q not sent: %v", endpoint.Address, cfg.Cluster, err)
 			}
 		}
@@ -62,15 +64,19 @@ func (p *pluginContext) onScrape(prefill bool, e routing.Endpoint, bodySize int)
 		}
 	}
 	if status != 200 || bodySize <= 0 {
+		// Status 0: no response at all (a timeout, a reset, no such cluster).
+		p.metrics.scrapeFailures.Increment(1)
 		proxywasm.LogDebugf("kvroute: scrape of %s answered %d", e.Address, status)
 		return
 	}
 	body, err := proxywasm.GetHttpCallResponseBody(0, bodySize)
 	if err != nil {
+		p.metrics.scrapeFailures.Increment(1)
 		return
 	}
 	figures, err := routing.ParseEngineMetrics(p.cfg.EngineMetrics.Flavor, body, e.DPSize)
 	if err != nil {
+		p.metrics.scrapeFailures.Increment(1)
 		proxywasm.LogDebugf("kvroute: scrape of %s unusable: %v", e.Address, err)
 		return
 	}

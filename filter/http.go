@@ -161,6 +161,10 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 	m := p.metrics
 	m.requestsRouted.add()
 	m.decisions[d.Kind].add()
+	if body != nil && !c.unparsable {
+		m.promptTokens.addN(c.req.Tokens)
+		m.matchedTokens.addN(d.MatchedTokens)
+	}
 	if d.StateFailed {
 		m.stateConflicts.Increment(1)
 	}

@@ -16,6 +16,10 @@ type metrics struct {
 	decisions       []batchedCounter // by routing.Kind
 	pdDisaggregated batchedCounter
 	pdDirect        batchedCounter
+	// Summed over routed requests with a parsed body: their ratio is the prefix
+	// hit rate.
+	promptTokens  batchedCounter
+	matchedTokens batchedCounter
 
 	// Rare: counted at once.
 	pdPrefillFailure proxywasm.MetricCounter
@@ -23,6 +27,7 @@ type metrics struct {
 	stateConflicts   proxywasm.MetricCounter
 	ejections        proxywasm.MetricCounter
 	failOpen         proxywasm.MetricCounter
+	scrapeFailures   proxywasm.MetricCounter
 
 	decisionTime proxywasm.MetricHistogram // microseconds from body in to headers out
 
@@ -35,11 +40,14 @@ func defineMetrics(targets []routing.Target) *metrics {
 		requestsRouted:   batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_requests_routed")},
 		pdDisaggregated:  batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_pd_disaggregated")},
 		pdDirect:         batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_pd_direct")},
+		promptTokens:     batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_prompt_tokens")},
+		matchedTokens:    batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_prefix_matched_tokens")},
 		pdPrefillFailure: proxywasm.DefineCounterMetric("kvroute_pd_prefill_failures"),
 		parseErrors:      proxywasm.DefineCounterMetric("kvroute_parse_errors"),
 		stateConflicts:   proxywasm.DefineCounterMetric("kvroute_state_conflicts"),
 		ejections:        proxywasm.DefineCounterMetric("kvroute_endpoint_ejections"),
 		failOpen:         proxywasm.DefineCounterMetric("kvroute_fail_open"),
+		scrapeFailures:   proxywasm.DefineCounterMetric("kvroute_engine_scrape_failures"),
 		decisionTime:     proxywasm.DefineHistogramMetric("kvroute_decision_time_us"),
 		activeRequests:   &ledgerGauge{g: proxywasm.DefineGaugeMetric("kvroute_active_requests")},
 		targetActive:     map[uint64]*ledgerGauge{},
@@ -96,6 +104,12 @@ type batchedCounter struct {
 
 func (b *batchedCounter) add() { b.n++ }
 
+func (b *batchedCounter) addN(n int) {
+	if n > 0 {
+		b.n += uint64(n)
+	}
+}
+
 func (b *batchedCounter) flush() {
 	if b.n > 0 {
 		b.c.Increment(b.n)
@@ -111,4 +125,6 @@ func (m *metrics) flushCounters() {
 	}
 	m.pdDisaggregated.flush()
 	m.pdDirect.flush()
+	m.promptTokens.flush()
+	m.matchedTokens.flush()
 }
