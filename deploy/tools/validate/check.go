@@ -22,7 +22,8 @@ type Result struct {
 }
 
 // CheckFile validates every document of one file on its own: an Envoy bootstrap fully
-// (API and kvroute's needs), a Kubernetes-style document against its kind's API.
+// (API and kvroute's needs), kvroute's plugin configuration on its own with kvroute's
+// parser, a Kubernetes-style document against its kind's API.
 func CheckFile(path string) ([]routing.Config, []*Object, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -39,10 +40,19 @@ func CheckFile(path string) ([]routing.Config, []*Object, error) {
 	var objs []*Object
 	var errs []error
 	for _, d := range docs {
-		if d.Kind == "Bootstrap" {
+		switch d.Kind {
+		case "Bootstrap":
 			c, err := CheckBootstrap(d.Source, d.JSON)
 			errs = append(errs, err)
 			cfgs = append(cfgs, c...)
+			continue
+		case "PluginConfig":
+			c, err := CheckPluginConfig(d.Source, d.JSON)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			cfgs = append(cfgs, c)
 			continue
 		}
 		o, err := CheckObject(d)
@@ -146,4 +156,23 @@ func CheckTree(root string) (*Result, error) {
 		res.Kustomizations[dir] = cfgs
 	}
 	return res, errors.Join(errs...)
+}
+
+// CheckPluginConfig validates kvroute's plugin configuration on its own (a file that
+// holds only the JSON, or its YAML form) with kvroute's parser.
+func CheckPluginConfig(src string, js []byte) (routing.Config, error) {
+	cfg, err := parsePluginConfig(js)
+	if err != nil {
+		return routing.Config{}, fmt.Errorf("%s: plugin configuration: %w", src, err)
+	}
+	return cfg, nil
+}
+
+// parsePluginConfig is routing.ParseConfig, with the line and column of a JSON syntax
+// error (the plugin says only that the JSON is invalid).
+func parsePluginConfig(js []byte) (routing.Config, error) {
+	if err := jsonSyntax(js); err != nil {
+		return routing.Config{}, fmt.Errorf("line %w", err)
+	}
+	return routing.ParseConfig(js)
 }

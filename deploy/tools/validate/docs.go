@@ -11,6 +11,7 @@ package validate
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,8 @@ import (
 	"sort"
 	"strings"
 
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 )
@@ -29,7 +32,7 @@ type Doc struct {
 	Source string // file path, with the document index when the file holds several
 	Raw    []byte // the YAML text of this document
 	JSON   []byte // the same document as JSON (duplicate keys refused)
-	Kind   string // "Bootstrap" for an Envoy bootstrap, else the Kubernetes kind
+	Kind   string // "Bootstrap", "PluginConfig" (kvroute's own JSON), else the Kubernetes kind
 	Group  string // API group ("" for core and for Envoy bootstraps)
 	Ver    string // API version within the group
 }
@@ -53,6 +56,9 @@ func SplitDocs(source string, data []byte) ([]Doc, error) {
 		src := source
 		if bytes.HasPrefix(data, []byte("---")) || bytes.Contains(data, []byte("\n---")) {
 			src = fmt.Sprintf("%s[doc %d]", source, i)
+		}
+		if err := syntaxCheck(raw, strings.HasSuffix(source, ".json")); err != nil {
+			return nil, fmt.Errorf("%s:%w", src, err)
 		}
 		js, err := yaml.YAMLToJSONStrict(raw)
 		if err != nil {
@@ -87,8 +93,19 @@ func (d *Doc) classify() error {
 		return fmt.Errorf("%s: %w", d.Source, err)
 	}
 	if head.APIVersion == "" && head.Kind == "" {
-		// No Kubernetes header: the only other thing shipped is an Envoy bootstrap.
-		d.Kind = "Bootstrap"
+		// No Kubernetes header: an Envoy bootstrap, or kvroute's plugin configuration
+		// on its own (the JSON a WasmPlugin's pluginConfig or the wasm filter's
+		// configuration holds). A bootstrap has at least one of its fields at the top.
+		d.Kind = "PluginConfig"
+		var top map[string]json.RawMessage
+		if err := json.Unmarshal(d.JSON, &top); err != nil {
+			return fmt.Errorf("%s: neither an Envoy bootstrap nor a kvroute plugin configuration: not a mapping", d.Source)
+		}
+		for k := range top {
+			if isBootstrapField(k) {
+				d.Kind = "Bootstrap"
+			}
+		}
 		return nil
 	}
 	if head.APIVersion == "" || head.Kind == "" {
@@ -146,4 +163,93 @@ func RepoRoot(dir string) (string, error) {
 		}
 		d = parent
 	}
+}
+
+// isBootstrapField says whether a top-level key names a field of Envoy's Bootstrap,
+// in either of the spellings Envoy accepts.
+func isBootstrapField(k string) bool {
+	fields := (&bootstrapv3.Bootstrap{}).ProtoReflect().Descriptor().Fields()
+	return fields.ByName(protoreflect.Name(k)) != nil || fields.ByJSONName(k) != nil
+}
+
+// syntaxCheck reports where a document stops being valid: a JSON document (a .json
+// file, or one that opens with '{"') at its line and column by JSON's rules, which
+// are stricter than YAML's (YAML takes a trailing comma, for one); YAML at the line
+// the YAML parser names, with that line's text. The message starts with the position, to follow
+// "file:".
+func syntaxCheck(raw []byte, isJSON bool) error {
+	if isJSON || looksJSON(raw) {
+		return jsonSyntax(raw)
+	}
+	var v any
+	err := yaml.Unmarshal(raw, &v)
+	if err == nil {
+		return nil
+	}
+	msg := strings.TrimPrefix(err.Error(), "error converting YAML to JSON: ")
+	msg = strings.TrimPrefix(msg, "yaml: ")
+	var line int
+	if _, scanErr := fmt.Sscanf(msg, "line %d:", &line); scanErr == nil && line > 0 {
+		msg = strings.TrimSpace(msg[strings.IndexByte(msg, ':')+1:])
+		lines := strings.Split(string(raw), "\n")
+		text := ""
+		if line <= len(lines) {
+			text = strings.TrimSpace(lines[line-1])
+		}
+		// The YAML parsers name a line only, and for a structure error the line
+		// where the enclosing block starts: show it rather than guess a column.
+		return fmt.Errorf("%d: invalid YAML: %s (at or after line %d: %q)", line, msg, line, text)
+	}
+	return fmt.Errorf(" invalid YAML: %s", msg)
+}
+
+// looksJSON says whether a document opens as a JSON object: '{' then '"'.
+func looksJSON(raw []byte) bool {
+	t := bytes.TrimLeft(raw, " \t\r\n")
+	if len(t) == 0 || t[0] != '{' {
+		return false
+	}
+	t = bytes.TrimLeft(t[1:], " \t\r\n")
+	return len(t) > 0 && (t[0] == '"' || t[0] == '}')
+}
+
+// jsonSyntax reports the first JSON syntax error of data as "LINE:COLUMN: ...".
+func jsonSyntax(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var v any
+	err := dec.Decode(&v)
+	if err == nil {
+		if _, err2 := dec.Token(); err2 != io.EOF {
+			off := dec.InputOffset()
+			line, col := lineCol(data, off)
+			return fmt.Errorf("%d:%d: invalid JSON: more after the end of the value", line, col)
+		}
+		return nil
+	}
+	var off int64 = int64(len(data))
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		off = se.Offset
+	case errors.As(err, &te):
+		off = te.Offset
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		// Just past the last character written.
+		line, col := lineCol(data, int64(len(bytes.TrimRight(data, " \t\r\n"))))
+		return fmt.Errorf("%d:%d: invalid JSON: unexpected end of input", line, col+1)
+	}
+	line, col := lineCol(data, off)
+	return fmt.Errorf("%d:%d: invalid JSON: %s", line, col, err)
+}
+
+// lineCol turns a byte offset into a 1-based line and column (in bytes). A syntax
+// error's offset is just past the offending byte.
+func lineCol(data []byte, off int64) (int, int) {
+	off = max(0, min(off, int64(len(data))))
+	before := data[:off]
+	line := bytes.Count(before, []byte("\n")) + 1
+	col := len(before) - (bytes.LastIndexByte(before, '\n') + 1)
+	return line, max(col, 1)
 }

@@ -57,7 +57,7 @@ func CheckBootstrap(src string, js []byte) ([]routing.Config, error) {
 			}
 		}
 	}
-	if len(c.cfgs) == 0 {
+	if !c.wasmSeen {
 		c.fail("no HTTP connection manager with the kvroute wasm filter")
 	}
 	for _, cfg := range c.cfgs {
@@ -74,6 +74,7 @@ type bootstrapCheck struct {
 	clusters map[string]*clusterv3.Cluster
 	routed   map[string]bool
 	cfgs     []routing.Config
+	wasmSeen bool // a wasm filter was found, whether or not its configuration parsed
 	errs     []error
 }
 
@@ -107,6 +108,7 @@ func (c *bootstrapCheck) checkHCM(l *listenerv3.Listener, hcm *hcmv3.HttpConnect
 		c.fail("%s: no kvroute wasm filter", where)
 		return
 	}
+	c.wasmSeen = true
 	if routerAt != len(filters)-1 || wasmAt > routerAt {
 		c.fail("%s: the router must be the last HTTP filter, after the wasm filter", where)
 	}
@@ -256,7 +258,7 @@ func (c *bootstrapCheck) checkWasm(where string, pc *wasmv3.PluginConfig) (routi
 		c.fail("%s: configuration must be a google.protobuf.StringValue holding kvroute's JSON", where)
 		return routing.Config{}, false
 	}
-	cfg, err := routing.ParseConfig([]byte(sv.GetValue()))
+	cfg, err := parsePluginConfig([]byte(sv.GetValue()))
 	if err != nil {
 		c.fail("%s: plugin configuration: %v", where, err)
 		return routing.Config{}, false

@@ -3,6 +3,7 @@ package validate
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -228,4 +229,90 @@ func loadBootstrap(t *testing.T, js []byte) *bootstrapv3.Bootstrap {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// checkText checks one file written from text and returns what the check said.
+func checkText(t *testing.T, name, text string) ([]routing.Config, error) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfgs, _, err := CheckFile(p)
+	return cfgs, err
+}
+
+// A plugin configuration the plugin refuses is one error, not also "no HTTP
+// connection manager with the kvroute wasm filter": the filter is there.
+func TestPluginConfigErrorIsTheOnlyError(t *testing.T) {
+	root := repoRoot(t)
+	data, err := os.ReadFile(filepath.Join(root, "deploy/envoy/override-host.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := strings.Replace(string(data), `"max_body_bytes": 8388608,`, `"max_body_byte": 8388608,`, 1)
+	_, err = checkText(t, "override-host.yaml", bad)
+	if err == nil || !strings.Contains(err.Error(), "max_body_byte") {
+		t.Fatalf("want the plugin configuration's error, got %v", err)
+	}
+	if strings.Contains(err.Error(), "no HTTP connection manager") || strings.Count(err.Error(), "\n") != 0 {
+		t.Fatalf("want one error, got:\n%v", err)
+	}
+	// A bootstrap without the filter still says so.
+	_, err = checkText(t, "bare.yaml", "static_resources: {}\n")
+	if err == nil || !strings.Contains(err.Error(), "no HTTP connection manager with the kvroute wasm filter") {
+		t.Fatalf("want no HTTP connection manager, got %v", err)
+	}
+}
+
+func TestSyntaxErrorsHaveLineAndColumn(t *testing.T) {
+	cases := []struct{ name, text, want string }{
+		// YAML accepts the trailing comma; JSON does not.
+		{"plugin.json", "{\"pools\": {\n  \"decode\": {\"endpoints\": [{\"address\": \"10.0.0.1:8000\"},]}}}\n", "plugin.json:2:57: invalid JSON"},
+		{"plugin.json", "{\"pools\": {\"decode\": \n\n   {\"endpoints\" []}}}", "plugin.json:3:17: invalid JSON"},
+		{"cut.json", "{\"pools\": {\"decode\": {", "cut.json:1:23: invalid JSON: unexpected end of input"},
+		{"envoy.yaml", "static_resources:\n  clusters:\n   - name: x\n  bad: : [\n", "envoy.yaml:4: invalid YAML"},
+	}
+	for _, c := range cases {
+		_, err := checkText(t, c.name, c.text)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s %q: got %v, want %q", c.name, c.text, err, c.want)
+		}
+	}
+	// Invalid JSON inside an Envoy bootstrap's plugin configuration string.
+	root := repoRoot(t)
+	data, err := os.ReadFile(filepath.Join(root, "deploy/envoy/override-host.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := strings.Replace(string(data), `"max_body_bytes": 8388608,`, `"max_body_bytes": 8388608,,`, 1)
+	_, err = checkText(t, "override-host.yaml", bad)
+	if err == nil || !regexp.MustCompile(`plugin configuration: line [0-9]+:[0-9]+: invalid JSON`).MatchString(err.Error()) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// kvroute's plugin configuration on its own (the file the replay demo uses) is
+// checked as one, not refused as an Envoy bootstrap with unknown fields.
+func TestBarePluginConfig(t *testing.T) {
+	root := repoRoot(t)
+	for _, f := range []string{"testdata/replay/kvroute.json", "testdata/requests/config.json"} {
+		cfgs, _, err := CheckFile(filepath.Join(root, f))
+		if err != nil || len(cfgs) != 1 || len(cfgs[0].Pools.Decode.Endpoints) == 0 {
+			t.Errorf("%s: got %v, %v", f, cfgs, err)
+		}
+	}
+	_, err := checkText(t, "kvroute.json", `{"pools": {"decode": {"endpoints": [{"address": "10.0.0.1:8000"}]}}, "max_body_byte": 1}`)
+	if err == nil || !strings.Contains(err.Error(), "plugin configuration: max_body_byte") {
+		t.Errorf("want kvroute's own error for the unknown field, got %v", err)
+	}
+	_, err = checkText(t, "kvroute.yaml", "pools:\n  decode:\n    endpoints:\n    - address: 10.0.0.1:8000\n      dp_size: 0\n")
+	if err == nil || !strings.Contains(err.Error(), "plugin configuration: pools.decode.endpoints[0].dp_size") {
+		t.Errorf("want kvroute's own error for dp_size, got %v", err)
+	}
+	// A bootstrap with a stray kvroute field is still a bootstrap.
+	_, err = checkText(t, "envoy.yaml", "static_resources: {}\npools: {}\n")
+	if err == nil || !strings.Contains(err.Error(), `unknown field "pools"`) {
+		t.Errorf("want Envoy's unknown field, got %v", err)
+	}
 }

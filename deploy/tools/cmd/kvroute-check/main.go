@@ -4,10 +4,13 @@
 // destination honoured only for fleet hosts, buffers, timeouts, stats tags, the
 // clusters the plugin calls), Istio and Kubernetes objects against their APIs,
 // kustomization directories rendered and checked as a whole, and every embedded plugin
-// configuration with kvroute's own parser. Run it before loading a configuration:
-// Envoy refuses to start when the plugin refuses its configuration.
+// configuration with kvroute's own parser. A file that holds only kvroute's plugin
+// configuration (JSON or YAML, no Envoy bootstrap field at its top) is checked as
+// one. Syntax errors name the line (and, in JSON, the column). Run it before loading
+// a configuration: Envoy refuses to start when the plugin refuses its configuration.
 //
 //	cd deploy/tools && go run ./cmd/kvroute-check ../envoy/override-host.yaml ../../istio/examples/vllm-dp
+//	cd deploy/tools && go run ./cmd/kvroute-check ../../testdata/replay/kvroute.json
 //	cd deploy/tools && go run ./cmd/kvroute-check            # every shipped file
 package main
 
@@ -21,7 +24,7 @@ import (
 
 func main() {
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: kvroute-check [FILE.yaml | KUSTOMIZATION-DIR]...  (no argument: every file under deploy/ and istio/)")
+		fmt.Fprintln(os.Stderr, "usage: kvroute-check [FILE.yaml | PLUGIN-CONFIG.json | KUSTOMIZATION-DIR]...  (no argument: every file under deploy/ and istio/)")
 	}
 	flag.Parse()
 	if flag.NArg() == 0 {
