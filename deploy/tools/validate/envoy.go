@@ -134,6 +134,9 @@ func (c *bootstrapCheck) checkHCM(l *listenerv3.Listener, hcm *hcmv3.HttpConnect
 			c.fail("%s: early_header_mutation_extensions must remove %q (a client could steer routing when the filter is absent)", where, h)
 		}
 	}
+	if err := trustedRankStripped(cfg, removed); err != nil {
+		c.fail("%s: %v", where, err)
+	}
 
 	// Buffers: the filter buffers bodies up to max_body_bytes.
 	if lim := bufferLimit(l.GetPerConnectionBufferLimitBytes()); lim <= cfg.MaxBodyBytes {
@@ -287,6 +290,17 @@ func OwnedHeaders(cfg routing.Config) []string {
 		hs = append(hs, cfg.Headers.Decision)
 	}
 	return hs
+}
+
+// trustedRankStripped refuses trust_client_dp_rank while an early header mutation
+// removes the rank header: the mutation runs before any filter, so the client's rank
+// never reaches kvroute and the setting does nothing.
+func trustedRankStripped(cfg routing.Config, removed map[string]bool) error {
+	if cfg.TrustClientDPRank && removed[cfg.Headers.DPRank] {
+		return fmt.Errorf("trust_client_dp_rank is true, but an early header mutation removes %q before the filter runs, "+
+			"so no client rank ever arrives: drop that removal (or set trust_client_dp_rank to false)", cfg.Headers.DPRank)
+	}
+	return nil
 }
 
 type destKind int

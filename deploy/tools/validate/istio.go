@@ -149,6 +149,9 @@ func CheckIstioSet(name string, objs []*Object) ([]routing.Config, error) {
 				fail("%s: no EnvoyFilter on the same workloads removes %q with an early header mutation (a client could steer routing when the plugin is absent)", where, h)
 			}
 		}
+		if err := trustedRankStripped(cfg, removed); err != nil {
+			fail("%s: %v", where, err)
+		}
 		if listenerBuf <= cfg.MaxBodyBytes {
 			fail("%s: no EnvoyFilter raises the listeners' per_connection_buffer_limit_bytes above max_body_bytes %d (Envoy answers 413 past it)", where, cfg.MaxBodyBytes)
 		}

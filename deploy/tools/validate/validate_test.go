@@ -103,6 +103,7 @@ func TestBootstrapRefusals(t *testing.T) {
 		{"duplicate key", oh, "    type: STATIC\n", "    type: STATIC\n    type: STRICT_DNS\n", "already set"},
 		{"plugin config unknown field", oh, `"max_body_bytes": 8388608,`, `"max_body_byte": 8388608,`, "max_body_byte"},
 		{"plugin config out of range", oh, `"dp_size": 2`, `"dp_size": 0`, "dp_size"},
+		{"trusted rank header stripped early", oh, `"max_body_bytes": 8388608,`, `"max_body_bytes": 8388608, "trust_client_dp_rank": true,`, "trust_client_dp_rank is true, but an early header mutation removes \"x-data-parallel-rank\""},
 		{"fail closed", oh, "fail_open: true", "fail_open: false", "fail open"},
 		{"owned header not stripped early", oh, "              - remove: x-data-parallel-rank\n", "", `"x-data-parallel-rank"`},
 		{"override_host reads another header", oh, "- header: x-gateway-destination-endpoint", "- header: x-other", "override_host reads"},
@@ -179,6 +180,7 @@ func TestIstioSetRefusals(t *testing.T) {
 	cases := []struct{ name, kdir, file, old, new, want string }{
 		{"fail closed", "base", "base/wasmplugin.yaml", "failStrategy: FAIL_OPEN", "failStrategy: FAIL_CLOSE", "failStrategy must be FAIL_OPEN"},
 		{"plugin config refused", "base", "base/wasmplugin.yaml", "first_turn: round_robin", "first_turn: sticky", "conversation.first_turn"},
+		{"trusted rank header stripped early", "base", "base/wasmplugin.yaml", "    max_body_bytes: 8388608", "    max_body_bytes: 8388608\n    trust_client_dp_rank: true", "trust_client_dp_rank is true, but an early header mutation removes \"x-data-parallel-rank\""},
 		{"pod DNS name", "examples/vllm-dp", "examples/vllm-dp/wasmplugin-patch.yaml", `"10.0.0.11:8000"`, `"vllm-0.vllm:8000"`, "only IP:port"},
 		{"routed service without override_host", "examples/vllm-dp", "base/envoyfilter.yaml", "service: vllm.llm.svc.cluster.local", "service: other.llm.svc.cluster.local", "no EnvoyFilter sets override_host on the cluster of vllm.llm.svc.cluster.local:8000"},
 		{"owned header not stripped", "base", "base/envoyfilter.yaml", "              - remove: x-kvroute-decision\n", "", `"x-kvroute-decision"`},
