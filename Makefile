@@ -1,4 +1,6 @@
-# kvroute — build, test and demo. Every target works on a fresh machine with Go >= 1.25.
+# kvroute — build, test and demo. Every target works on a fresh machine with Go >= 1.26.
+# The product module (the filter, `build`, `demo`, `samples`) needs only Go >= 1.25; `test`
+# and `image` also build deploy/tools, whose Envoy, Kubernetes and kustomize modules need 1.26.
 GO        ?= go
 WASM      := build/kvroute.wasm
 WASM_SRC  := $(shell find filter routing internal -name '*.go' -not -name '*_test.go') go.mod go.sum
