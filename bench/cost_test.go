@@ -24,7 +24,7 @@ const costRounds = 9
 // interleaves (see conversationTurns).
 const costConversations = 32
 
-// BenchmarkCostRatio is SPEC §10's first bar: the per-request cost of the compiled
+// BenchmarkCostRatio is the first cost bar: the per-request cost of the compiled
 // kvroute over the floor filter, both measured in this one run, at each body size.
 // Each size gets freshly compiled modules, so a guest heap grown by one size does
 // not weigh on the next. Both filters see the same stream of conversation turns.
@@ -98,7 +98,7 @@ func freshVM(tb testing.TB, name string) proxytest.WasmVMContext {
 }
 
 // BenchmarkLiveConversations compares a sticky turn's cost with 10 and with 100 000
-// live conversations in the table (SPEC §10: ≤ 1.2×), interleaved like CostRatio.
+// live conversations in the table (bar: ≤ 1.2×), interleaved like CostRatio.
 func BenchmarkLiveConversations(b *testing.B) {
 	body := chatBodies(4<<10, 1, 1)[0]
 	small := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`)
@@ -135,7 +135,7 @@ func BenchmarkLiveConversations(b *testing.B) {
 }
 
 // BenchmarkFleetSize compares an anonymous request's cost on 4 and 64 targets
-// (SPEC §10: ≤ 1.5×), interleaved like CostRatio.
+// (bar: ≤ 1.5×), interleaved like CostRatio.
 func BenchmarkFleetSize(b *testing.B) {
 	bodies := chatBodies(4<<10, 32, 2)
 	b.Run("4-vs-64", func(b *testing.B) {

@@ -1,5 +1,6 @@
-// Package bench measures the compiled filter against a floor filter in the proxy-wasm
-// SDK host emulator (wazero), as SPEC §10 asks. Run with `make bench`.
+// Package bench measures the compiled filter against a floor filter in the proxy-wasm SDK
+// host emulator (wazero), against the cost bars of docs/development.md. Run with `make
+// bench`.
 package bench
 
 import (

@@ -7,13 +7,13 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 )
 
-// Engine metrics (SPEC §5.9): every engine_metrics.interval_ms the VM that holds the
-// scrape lease asks every endpoint for its Prometheus page, through
-// engine_metrics.cluster with the endpoint in the destination header, and publishes
-// the running, waiting and KV figures per DP rank for every VM's decisions. A failed
-// or unparsable scrape publishes nothing and counts kvroute_engine_scrape_failures:
-// the previous figures age out after engine_metrics.stale_ms. Scrapes never touch a
-// request.
+// Engine metrics (docs/behaviour.md, Engine-reported load): every
+// engine_metrics.interval_ms the VM that holds the scrape lease asks every endpoint for
+// its Prometheus page, through engine_metrics.cluster with the endpoint in the destination
+// header, and publishes the running, waiting and KV figures per DP rank for every VM's
+// decisions. A failed or unparsable scrape publishes nothing and counts
+// kvroute_engine_scrape_failures: the previous figures age out after
+// engine_metrics.stale_ms. Scrapes never touch a request.
 
 // vmID tells the VMs of one Envoy apart for the scrape lease.
 var vmID uint64 = 1

@@ -7,8 +7,8 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 )
 
-// metrics are the Envoy stats of SPEC §9, all defined at plugin start so dashboards
-// show zeros before the first request.
+// metrics are kvroute's Envoy stats (docs/metrics.md), all defined at plugin start so
+// dashboards show zeros before the first request.
 type metrics struct {
 	// Counted on every request: added up in the VM and handed to Envoy on the tick,
 	// one host call per counter a tick instead of two a request.

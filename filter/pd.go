@@ -7,8 +7,9 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 )
 
-// The prefill/decode flows of SPEC §6. startPD runs once the decision is made and
-// says whether the request must wait (an inline prefill is in flight).
+// The prefill/decode flows (docs/behaviour.md, Prefill/decode disaggregation). startPD
+// runs once the decision is made and says whether the request must wait (an inline prefill
+// is in flight).
 
 func (c *httpContext) startPD(body []byte) (wait bool) {
 	d := &c.decision
@@ -206,7 +207,7 @@ func (c *httpContext) prefillRejected(status int, body []byte) bool {
 	return true
 }
 
-// prefillFailed falls back to direct decode (SPEC §6.7) and says so in the decision
+// prefillFailed falls back to direct decode and says so in the decision
 // header.
 func (c *httpContext) prefillFailed() {
 	c.plugin.metrics.pdPrefillFailure.Increment(1)

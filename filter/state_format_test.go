@@ -12,11 +12,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// An upgraded filter meeting an old filter's state (SPEC §5.1): shared data holds
-// values of a format this build does not know before its first request. Each such
-// key is started afresh: routing works from the first request, no old mapping or
-// load is read, and the ledger ends at zero. (routing/state_format_test.go checks
-// each key's format handling one by one.)
+// An upgraded filter meeting an old filter's state (docs/behaviour.md, State): shared data
+// holds values of a format this build does not know before its first request. Each such
+// key is started afresh: routing works from the first request, no old mapping or load is
+// read, and the ledger ends at zero. (routing/state_format_test.go checks each key's
+// format handling one by one.)
 func TestUpgradedFilterMeetsOldState(t *testing.T) {
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startHost(t, vm, `{"conversation":{"max_sessions":64},"pools":{"decode":{"endpoints":[

@@ -1,6 +1,7 @@
 package routing
 
-// Config is the whole plugin configuration (SPEC §8). It is built by ParseConfig from
+// Config is the whole plugin configuration (reference: docs/configuration.md, held to
+// these structs by TestConfigDocs). It is built by ParseConfig from
 // the JSON Envoy or Istio hands the plugin; DefaultConfig holds every default.
 type Config struct {
 	Routes            []string
@@ -131,7 +132,7 @@ type HeadersConfig struct {
 // DefaultBootstrapPort is SGLang's default disaggregation bootstrap port.
 const DefaultBootstrapPort = 8998
 
-// DefaultConfig returns every default of SPEC §8. Pools are empty: the decode pool has
+// DefaultConfig returns every default. Pools are empty: the decode pool has
 // no sensible default and ParseConfig requires at least one endpoint.
 func DefaultConfig() Config {
 	return Config{

@@ -1,8 +1,9 @@
 package routing
 
 // ParseConfig turns the plugin configuration JSON (Envoy's `configuration`, Istio's
-// `pluginConfig`) into a Config (SPEC §8). Every absent field keeps its DefaultConfig
-// value; a present field replaces it (arrays are replaced whole, never merged).
+// `pluginConfig`) into a Config (reference: docs/configuration.md). Every absent field
+// keeps its DefaultConfig value; a present field replaces it (arrays are replaced whole,
+// never merged).
 //
 // The configuration is refused, with one error line "<field path>: <what was wrong>",
 // on the first of these found (fields in document order, then the cross-field rules):

@@ -49,7 +49,7 @@ func TestParseConfigDefaults(t *testing.T) {
 }
 
 func TestParseConfigSpecDefaultsDocument(t *testing.T) {
-	// The defaults block of SPEC §8, written out in full, parses to the defaults.
+	// The whole default configuration, written out in full, parses to the defaults.
 	spec := `{
 	  "routes": ["/v1/chat/completions", "/v1/completions", "/v1/responses"],
 	  "max_body_bytes": 4194304,

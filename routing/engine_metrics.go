@@ -7,11 +7,11 @@ import (
 	"slices"
 )
 
-// Engine metrics (SPEC §5.9): one VM at a time holds the ScrapeLease and scrapes every
-// endpoint's Prometheus page; ParseEngineMetrics turns a page into per-DP-rank figures;
-// EngineBoard keeps the latest figures of every target of a pool in shared data, each
-// with the time it was taken, so every VM reads the same fleet view and figures that
-// stop being refreshed age out.
+// Engine metrics (docs/behaviour.md, Engine-reported load): one VM at a time holds the
+// ScrapeLease and scrapes every endpoint's Prometheus page; ParseEngineMetrics turns a
+// page into per-DP-rank figures; EngineBoard keeps the latest figures of every target of a
+// pool in shared data, each with the time it was taken, so every VM reads the same fleet
+// view and figures that stop being refreshed age out.
 
 // EngineFigures is what an engine reports about one target (an endpoint's DP rank).
 type EngineFigures struct {

@@ -30,7 +30,8 @@ func (opt ExtractOptions) Prepared() ExtractOptions {
 }
 
 // ErrUnparsable is returned for a body that is not JSON or not of a known shape
-// (SPEC §3.3). Every error Extract returns satisfies errors.Is(err, ErrUnparsable).
+// (docs/behaviour.md, Reading the request). Every error Extract returns satisfies
+// errors.Is(err, ErrUnparsable).
 var ErrUnparsable = errors.New("kvroute: unparsable request body")
 
 // unparsable is an error naming what was wrong with a body; it unwraps to
@@ -65,7 +66,7 @@ const (
 	stringInputRole  = "user"   // role of a responses string "input"
 )
 
-// Extract parses body and fills req for the given API (SPEC §3.3). It never panics.
+// Extract parses body and fills req for the given API. It never panics.
 //
 // The body's shape is checked once (jsonShapeOK: an object, balanced, strings
 // closed, nesting bounded — several times faster than a full validation) and then

@@ -11,11 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Fault injection through the Store interface (SPEC §5.7, §10: the filter's own faults
-// never fail a request). proxy-wasm shared-data errors cannot be injected through the
-// SDK host emulator when the filter runs as compiled wasm, so the host's failures are
-// modelled here, one layer down, where the filter's store (internal/shareddata) hands them to the
-// Router unchanged.
+// Fault injection through the Store interface: when shared state fails the request is
+// decided without it, and the filter's own faults never fail a request. proxy-wasm
+// shared-data errors cannot be injected through the SDK host emulator when the filter runs
+// as compiled wasm, so the host's failures are modelled here, one layer down, where the
+// filter's store (internal/shareddata) hands them to the Router unchanged.
 
 // errInjected stands for any host error of proxy_get_shared_data/proxy_set_shared_data.
 var errInjected = errors.New("injected host error")

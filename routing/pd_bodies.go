@@ -10,9 +10,10 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// This file builds the request bodies of the inline prefill/decode protocols (SPEC §6.4–6.6).
-// The functions are pure: they never modify their input slices, never panic, and return an
-// error wrapping ErrPDBody when a body (or an engine's response) is not of the shape they need.
+// This file builds the request bodies of the inline prefill/decode protocols
+// (docs/behaviour.md, Prefill/decode disaggregation). The functions are pure: they never
+// modify their input slices, never panic, and return an error wrapping ErrPDBody when a
+// body (or an engine's response) is not of the shape they need.
 //
 // Every edit is made at the top level of a JSON object by one pass over its members
 // (rewriteObject): the members that are replaced or removed are left out, however often they
@@ -53,8 +54,8 @@ const (
 	trtllmContextParams = `{"request_type":"context_only"}`
 )
 
-// VLLMPrefillBody builds the body of the prefill leg of vLLM's NixlConnector protocol
-// (SPEC §6.4): the original body with kv_transfer_params =
+// VLLMPrefillBody builds the body of the prefill leg of vLLM's NixlConnector protocol:
+// the original body with kv_transfer_params =
 // {"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
 // "remote_block_ids": null, "remote_host": null, "remote_port": null}, "stream": false,
 // "max_tokens": 1, "max_completion_tokens": 1 only where the body has it, and
@@ -81,11 +82,11 @@ func VLLMPrefillBody(body []byte) ([]byte, error) {
 	}), nil
 }
 
-// VLLMDecodeBody builds the body of the decode leg of vLLM's NixlConnector protocol
-// (SPEC §6.4): the original body with kv_transfer_params = the prefill response's top-level
-// kv_transfer_params, copied as raw JSON. It fails when the response is not a JSON object or
-// its kv_transfer_params is missing, not an object, or empty (the prefill then handed no KV
-// over, and the caller should fall back to a direct decode).
+// VLLMDecodeBody builds the body of the decode leg of vLLM's NixlConnector protocol: the
+// original body with kv_transfer_params = the prefill response's top-level
+// kv_transfer_params, copied as raw JSON. It fails when the response is not a JSON object
+// or its kv_transfer_params is missing, not an object, or empty (the prefill then handed
+// no KV over, and the caller should fall back to a direct decode).
 //
 // Followed: vllm-project/vllm tests/v1/kv_connector/nixl_integration/toy_proxy_server.py
 // (_handle_completions: `if kv_transfer_params: req_data["kv_transfer_params"] = ...`).
@@ -108,7 +109,7 @@ func VLLMDecodeBody(body, prefillResponse []byte) ([]byte, error) {
 }
 
 // TRTLLMContextBody builds the body of the context (prefill) leg of TensorRT-LLM's
-// disaggregated serving (SPEC §6.5): the original body with
+// disaggregated serving: the original body with
 // "disaggregated_params": {"request_type": "context_only"}, "stream": false and
 // "stream_options" removed.
 //
@@ -131,7 +132,7 @@ func TRTLLMContextBody(body []byte) ([]byte, error) {
 }
 
 // TRTLLMGenerationBody builds the body of the generation (decode) leg of TensorRT-LLM's
-// disaggregated serving (SPEC §6.5) from the original body and the context leg's response.
+// disaggregated serving from the original body and the context leg's response.
 //
 // When choices[0].finish_reason is neither "length" nor "not_finished" (for example "stop":
 // the answer ended with the first token), no generation leg is needed: it returns
@@ -181,7 +182,7 @@ func TRTLLMGenerationBody(body, contextResponse []byte) (out []byte, passthrough
 }
 
 // SGLangBootstrapBody builds the body SGLang's bootstrap protocol sends to both the prefill
-// and the decode target (SPEC §6.6): the original body with "bootstrap_host" (the prefill
+// and the decode target: the original body with "bootstrap_host" (the prefill
 // endpoint's host; an IPv6 literal is written in brackets, as SGLang's router does, because
 // the decoder builds host:port from it), "bootstrap_port" and "bootstrap_room" (a JSON
 // integer; only its low 63 bits are used). It fails on an empty host or a port outside

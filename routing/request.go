@@ -34,9 +34,10 @@ type Request struct {
 	Conversation    uint64
 	HasConversation bool
 
-	// Prompt is the canonical prompt (SPEC §3.3) that prefix blocks are hashed over.
-	// For text it is the canonical text; for token-id prompts each id is written as
-	// 4 little-endian bytes. BlockBytes is the size of one prefix block in Prompt.
+	// Prompt is the canonical prompt (docs/behaviour.md, Reading the request) that prefix
+	// blocks are hashed over. For text it is the canonical text; for token-id prompts each
+	// id is written as 4 little-endian bytes. BlockBytes is the size of one prefix block
+	// in Prompt.
 	Prompt     []byte
 	BlockBytes int
 

@@ -153,9 +153,9 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 // engineReadMS is how often a VM re-reads the engine board.
 const engineReadMS = 100
 
-// addEngineLoad applies SPEC §5.9: while a target's engine figures are fresh, its load
-// is the larger of the ledger's and the engine's running + waiting requests. Engines
-// report requests, not tokens; the extra requests are counted at the tokens per
+// addEngineLoad applies engine-reported load: while a target's engine figures are fresh,
+// its load is the larger of the ledger's and the engine's running + waiting requests.
+// Engines report requests, not tokens; the extra requests are counted at the tokens per
 // request of the ledger's own (the target's, else the pool's), so the token-based cost
 // sees them too. A board that cannot be read leaves the ledger's figures.
 func (r *Router) addEngineLoad(p *poolState, v *poolView, nowMS int64) {
@@ -217,7 +217,7 @@ func (r *Router) PublishEngineFigures(prefill bool, address string, byRank map[i
 	return err
 }
 
-// fairShareCap is SPEC §5.3: max(1, ceil(m × ceil((active+1)/n))).
+// fairShareCap is the fair-share cap: max(1, ceil(m × ceil((active+1)/n))).
 func fairShareCap(multiplier float64, active int64, n int) int64 {
 	if n < 1 {
 		n = 1
@@ -268,8 +268,8 @@ func (r *Router) loadOf(l Load) int64 {
 	return l.Requests
 }
 
-// cheapest applies the cost of SPEC §4.4 with matched tokens per target index
-// (nil: no match anywhere). Ties go to fewer active tokens, then to a shuffle seeded
+// cheapest applies the cost (docs/behaviour.md, The cost) with matched tokens per target
+// index (nil: no match anywhere). Ties go to fewer active tokens, then to a shuffle seeded
 // by the request identity, so every VM and replica picks alike.
 func (r *Router) cheapest(v *poolView, cands []int, req *Request, matched []int) int {
 	if len(cands) == 0 {
@@ -354,7 +354,7 @@ type prompt struct {
 
 // Decide routes one request: a decode target and, when disaggregation classifies
 // it so, a prefill target. rank is a trusted client DP rank, or NoRank. It never
-// fails: when shared state does, it decides without it (SPEC §5.7).
+// fails: when shared state does, it decides without it (decision fallback).
 func (r *Router) Decide(req *Request, rank int) Decision {
 	nowMS := r.now()
 	// Estimates come from client-controlled sizes: bound them so ledger sums can't wrap.
@@ -404,8 +404,9 @@ type chosen struct {
 	matched     int  // tokens of the request the target held before it was recorded there
 }
 
-// disaggregate is SPEC §6.1: at least threshold_tokens estimated prompt tokens, and
-// with uncached_only at least that many not already cached on the decode target.
+// disaggregate classifies a request for P/D: at least threshold_tokens estimated prompt
+// tokens, and with uncached_only at least that many not already cached on the decode
+// target.
 func (r *Router) disaggregate(req *Request, d *Decision) bool {
 	threshold := r.cfg.Disaggregation.ThresholdTokens
 	if req.Tokens < threshold {
@@ -417,9 +418,10 @@ func (r *Router) disaggregate(req *Request, d *Decision) bool {
 	return req.Tokens-d.MatchedTokens >= threshold
 }
 
-// choose is SPEC §4 over one pool: place the request, record its prefix against the
-// chosen target and add its load. An error means shared state failed before a choice
-// could be made; a failed record or load update is reported in stateFailed.
+// choose decides over one pool (docs/behaviour.md, The decision): place the request,
+// record its prefix against the chosen target and add its load. An error means shared
+// state failed before a choice could be made; a failed record or load update is reported
+// in stateFailed.
 func (r *Router) choose(p *poolState, req *Request, pr *prompt, rank int, nowMS int64) (chosen, error) {
 	v, err := r.view(p, rank, nowMS)
 	if err != nil {
@@ -520,8 +522,8 @@ func (r *Router) matchedTokens(v *poolView, req *Request, pr *prompt, cands []in
 	return out
 }
 
-// placeByPrefix is SPEC §4.3–4.4 and §4.7 for a request without an explicit id:
-// implicit continuation, else the gated cost.
+// placeByPrefix places a request without an explicit id: implicit continuation, else
+// the gated cost (pure load when nothing matched).
 func (r *Router) placeByPrefix(v *poolView, req *Request, pr *prompt) (int, Kind, error) {
 	cands, capped := v.candidates()
 	if capped {
@@ -576,7 +578,8 @@ func (r *Router) continuation(v *poolView, req *Request, pr *prompt, cands []int
 	return r.cheapest(v, qualified, req, r.matchedTokens(v, req, pr, qualified))
 }
 
-// placeConversation is SPEC §4.1–4.2 for a request with an explicit conversation id.
+// placeConversation places a request with an explicit conversation id: sticky,
+// overflow or new-conversation.
 func (r *Router) placeConversation(v *poolView, req *Request, pr *prompt) (int, Kind, error) {
 	mapped, found, err := v.pool.conv.Lookup(req.Conversation)
 	if err != nil {
@@ -601,7 +604,7 @@ func (r *Router) placeConversation(v *poolView, req *Request, pr *prompt) (int, 
 	return choice, KindNewConversation, nil
 }
 
-// scored is the gated cost of SPEC §4.4 over the candidates.
+// scored is the gated cost over the candidates.
 func (r *Router) scored(v *poolView, req *Request, pr *prompt) (int, error) {
 	cands, capped := v.candidates()
 	if capped {

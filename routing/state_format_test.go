@@ -9,11 +9,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// State format versioning (SPEC §5.1): every value starts with a format byte, and a
-// filter that meets a value of a format it does not know — an older or newer filter's
-// state, or a torn value — treats the key as absent and writes it afresh. The old
-// value must never be read as data: a mapping, a load, an ejection or a cursor
-// position written in another format is ignored, not misread.
+// State format versioning (docs/behaviour.md, State): every value starts with a format
+// byte, and a filter that meets a value of a format it does not know — an older or newer
+// filter's state, or a torn value — treats the key as absent and writes it afresh. The old
+// value must never be read as data: a mapping, a load, an ejection or a cursor position
+// written in another format is ignored, not misread.
 
 // sfUnknownFormats are format bytes this filter does not know.
 var sfUnknownFormats = []byte{0, 2, 7, 0x7f, 0xff}

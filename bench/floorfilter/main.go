@@ -1,4 +1,4 @@
-// Command floorfilter is the cost floor kvroute is measured against (SPEC §10): a
+// Command floorfilter is the cost floor kvroute is measured against: a
 // proxy-wasm filter that only buffers the request body, reads it once with gjson and
 // writes one header. Built to build/floor.wasm by `make bench`.
 package main

@@ -11,7 +11,7 @@ import (
 )
 
 // trtUnderCap is TensorRT-LLM's ConversationRouter (baseline_trtllm.go) made to obey
-// kvroute's fair-share cap (SPEC §5.3): a target whose in-flight requests are at or
+// kvroute's fair-share cap: a target whose in-flight requests are at or
 // above max(1, ceil(m × ceil((in flight + 1) / n))) takes no request unless every
 // target is there. An implicit continuation whose server is at the cap goes to the
 // least content-loaded target under it and its session follows; a new session is
@@ -75,7 +75,7 @@ func (p *trtUnderCap) Choose(r *Request, f *Fleet) int {
 // TestAnalysisCapCost replays the Mooncake trace through TensorRT-LLM's router with
 // and without kvroute's fair-share cap, each from 8 round-robin starting points (the
 // baseline's only tie-break), and GIE's scorers with 6 seeds: the spread a single run
-// of each has, and what the cap at the SPEC default costs. Slow (about a minute on a
+// of each has, and what the cap at its default costs. Slow (about a minute on a
 // shared machine): KVROUTE_ANALYSIS=1 go test ./cmd/kvroute-replay -run Analysis -v
 func TestAnalysisCapCost(t *testing.T) {
 	if os.Getenv("KVROUTE_ANALYSIS") == "" {

@@ -68,7 +68,7 @@ func TestReplayMooncakeThroughTheCompiledFilter(t *testing.T) {
 }
 
 // TestIDSaltReseedsKVRoutesTieBreaks: -id-salt reaches the filter as the
-// x-request-id it seeds its tie-break shuffle with (SPEC §4.4), so a salted replay
+// x-request-id it seeds its tie-break shuffle with, so a salted replay
 // breaks some ties differently; no salt keeps the ids, and the choices, of a replay
 // without the flag.
 func TestIDSaltReseedsKVRoutesTieBreaks(t *testing.T) {

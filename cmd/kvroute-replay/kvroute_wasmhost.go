@@ -13,14 +13,15 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
 
-// Header names kvroute writes by default (SPEC §7). The replay config must keep them.
+// Header names kvroute writes by default (docs/behaviour.md, Headers). The replay config
+// must keep them.
 const (
 	headerDestination = "x-gateway-destination-endpoint"
 	headerDPRank      = "x-data-parallel-rank"
 	headerDecision    = "x-kvroute-decision"
 )
 
-// decisionKinds are kvroute's decision counters (SPEC §9), in report order.
+// decisionKinds are kvroute's decision counters (docs/metrics.md), in report order.
 var decisionKinds = []string{"sticky", "overflow", "new_conversation", "continuation", "prefix", "load", "fallback"}
 
 // kvrouteWasm drives the compiled filter in the proxy-wasm SDK host emulator as one
@@ -42,7 +43,7 @@ type kvrouteWasm struct {
 	onTick   func()  // if set, called after every tick (a replica answers scrapes there)
 
 	// idSalt, when set, makes request n's x-request-id replay-<idSalt>-<n> instead
-	// of replay-<n>. The filter seeds its tie-break shuffle with that id (SPEC §4.4),
+	// of replay-<n>. The filter seeds its tie-break shuffle with that id,
 	// so a different salt replays the same trace with other tie-breaks.
 	idSalt string
 }

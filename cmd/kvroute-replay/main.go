@@ -6,7 +6,7 @@
 // consistent hashing, SGLang's cache-aware policy, the Gateway API Inference
 // Extension's default scorers and TensorRT-LLM's ConversationRouter. It prints the
 // prefix hit rate against the oracles, load balance, a TTFT estimate and kvroute's
-// decision mix as a table, checks SPEC §10's routing-quality bar, and draws an SVG.
+// decision mix as a table, checks the routing-quality bar, and draws an SVG.
 //
 // Traces: Mooncake JSONL (timestamp, input_length, output_length, hash_ids),
 // Azure LLM inference CSV (TIMESTAMP,ContextTokens,GeneratedTokens) and JSONL of
@@ -369,8 +369,8 @@ func replayKVRoute(reqs []*Request, fleet FleetConfig, wasm, config []byte, idSa
 	if n := p.Counter("kvroute_parse_errors"); n > 0 {
 		return nil, fmt.Errorf("kvroute failed to parse %d request bodies", n)
 	}
-	// Every request has completed: the filter's ledger must be back to zero (SPEC
-	// §5.2: load released exactly once) and nothing may have failed over.
+	// Every request has completed: the filter's ledger must be back to zero (load is
+	// released exactly once) and nothing may have failed over.
 	if n := p.Gauge("kvroute_active_requests"); n != 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("kvroute_active_requests is %d after every request completed: load was not released", n))
 	}

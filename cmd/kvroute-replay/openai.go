@@ -27,7 +27,7 @@ type OpenAIRecord struct {
 }
 
 // conversationHeaders and conversationBodyFields are where the baselines that honour
-// an explicit conversation id look for one: kvroute's defaults (SPEC §8).
+// an explicit conversation id look for one: kvroute's defaults.
 var (
 	conversationHeaders    = []string{"x-session-id", "x-correlation-id", "x-session-affinity", "x-multi-turn-session-id"}
 	conversationBodyFields = []string{"conversation_params.conversation_id", "prompt_cache_key", "conversation"}
@@ -149,8 +149,9 @@ func conversationID(headers [][2]string, body gjson.Result) string {
 }
 
 // canonicalPrompt is the prompt text the routers hash and its token estimate, after
-// SPEC §3.3: chat messages as role:text lines, a completions prompt (the first of a
-// batch; token ids as 4 bytes each), responses instructions then input.
+// kvroute's canonical prompt (docs/behaviour.md, Reading the request): chat messages as
+// role:text lines, a completions prompt (the first of a batch; token ids as 4 bytes each),
+// responses instructions then input.
 func canonicalPrompt(path string, body gjson.Result, charsPerToken int) ([]byte, int) {
 	var b []byte
 	tokens := -1

@@ -124,7 +124,7 @@ func newReplicaServer(p *kvrouteWasm, config []byte, in io.Reader, out io.Writer
 	s.engine = doc.EngineMetrics.Enabled
 	s.intervalMS = doc.EngineMetrics.IntervalMS
 	if s.intervalMS <= 0 {
-		s.intervalMS = 1000 // SPEC §8's default
+		s.intervalMS = 1000 // engine_metrics.interval_ms's default
 	}
 	p.fleet = s.clock
 	p.onTick = func() { s.answerScrapes() }

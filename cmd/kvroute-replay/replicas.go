@@ -38,7 +38,7 @@ var replicaVariants = []replicaVariant{
 	{"hash+metrics", "hash", true},
 }
 
-// Engine metrics settings of the variants that turn them on (SPEC §8's defaults).
+// Engine metrics settings of the variants that turn them on (the config's defaults).
 const (
 	replicaScrapeIntervalMS = 1000
 	replicaScrapeStaleMS    = 5000

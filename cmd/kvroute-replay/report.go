@@ -28,7 +28,7 @@ type Report struct {
 	Notes     []string  // anomalies seen during the replay
 }
 
-// Bar limits of SPEC §10.
+// Limits of the routing-quality bar (docs/development.md, Benchmarks and the bars).
 const (
 	barOracleShare = 0.95
 	barLoad        = 1.2
@@ -41,7 +41,7 @@ type BarLine struct {
 	NA   bool // not applicable to this trace (no shared prefixes)
 }
 
-// Bars evaluates SPEC §10's routing-quality bar on this run.
+// Bars evaluates the routing-quality bar on this run.
 func (rep *Report) Bars() []BarLine {
 	k := rep.KVRoute
 	if k == nil {
