@@ -82,7 +82,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.charsPerToken, "chars-per-token", 4, "characters of prompt text per token (keep chars_per_token in -config equal)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the baselines' random tie-breaks and of the spread over -replicas")
 	fs.StringVar(&o.idSalt, "id-salt", "", "put this into the x-request-id kvroute sees (replay-<salt>-<n> instead of replay-<n>): it seeds kvroute's tie-break shuffle, so other values show how much one run owes to ties")
-	fs.BoolVar(&o.strict, "strict", false, "exit 1 when kvroute misses a line of the SPEC §10 bar")
+	fs.BoolVar(&o.strict, "strict", false, "exit 1 when kvroute misses a line of the routing-quality bar")
 	fs.IntVar(&o.replicas, "replicas", 0, "also replay kvroute as this many gateway replicas, each request to one at random (0: off)")
 	fs.StringVar(&o.replicaConfigs, "replica-configs", "all", "with -replicas, comma-separated: round_robin, hash, round_robin+metrics, hash+metrics (first_turn, engine metrics), or all")
 	if err := fs.Parse(args); err != nil {

@@ -134,7 +134,7 @@ func (rep *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "NOTE: %s\n", n)
 	}
 	if bars := rep.Bars(); len(bars) > 0 {
-		fmt.Fprintln(w, "\nSPEC §10 routing-quality bar, measured in this run:")
+		fmt.Fprintln(w, "\nRouting-quality bar, measured in this run:")
 		for _, b := range bars {
 			verdict := "FAIL"
 			switch {
@@ -236,7 +236,7 @@ func (rep *Report) WriteSVG(w io.Writer) error {
 			}
 		}
 		fmt.Fprintf(&b, `<text x="10" y="%d" font-size="11">%s</text>`+"\n", height-10, html.EscapeString(
-			"SPEC §10 bar (hit >= 95% of the oracle / in-flight max/mean <= 1.2 / hit above every baseline): "+strings.Join(parts, " / ")))
+			"Routing-quality bar (hit >= 95% of the oracle / in-flight max/mean <= 1.2 / hit above every baseline): "+strings.Join(parts, " / ")))
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
