@@ -74,7 +74,7 @@ func (p *pluginContext) onScrape(prefill bool, e routing.Endpoint, bodySize int)
 		p.metrics.scrapeFailures.Increment(1)
 		return
 	}
-	figures, err := routing.ParseEngineMetrics(p.cfg.EngineMetrics.Flavor, body, e.DPSize)
+	figures, err := routing.ParseEngineMetrics(p.cfg.EngineMetrics.Flavor, body, e.DPSize, e.DPRankStart)
 	if err != nil {
 		p.metrics.scrapeFailures.Increment(1)
 		proxywasm.LogDebugf("kvroute: scrape of %s unusable: %v", e.Address, err)

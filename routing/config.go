@@ -31,9 +31,17 @@ type Pool struct {
 }
 
 // Endpoint is one inference server.
+//
+// DPRankStart is the first DP rank the server answers to: its ranks are DPRankStart ..
+// DPRankStart+DPSize-1, and that is the number the rank headers carry, a trusted client
+// rank is read in and engine metrics are labelled in. A vLLM node of a hybrid or
+// external DP deployment may number its engines from its --data-parallel-start-rank
+// rather than from 0; which numbering its API server accepts depends on the vLLM
+// frontend, so the operator says it here.
 type Endpoint struct {
 	Address       string // host:port
 	DPSize        int    // data-parallel ranks, >= 1
+	DPRankStart   int    // >= 0; see above
 	BootstrapPort int    // sglang prefill endpoints; 0 means the default 8998
 }
 

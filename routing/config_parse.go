@@ -27,6 +27,8 @@ package routing
 //                                          address, or a bracketed IPv6 address [::1]; port
 //                                          1 .. 65535 in decimal without leading zeros
 //     endpoints[i].dp_size                 1 .. 1024 (default 1)
+//     endpoints[i].dp_rank_start           0 .. 65535 (default 0; a vLLM engine identity
+//                                          is two bytes)
 //     endpoints[i].bootstrap_port          1 .. 65535, prefill pool only
 //     conversation.headers                 header names (RFC 9110 token), lower-cased, unique
 //     conversation.body_fields             non-empty gjson paths, unique
@@ -90,6 +92,7 @@ const (
 	cfgMaxBodyBytesMax     = 1 << 30
 	cfgCharsPerTokenMax    = 64
 	cfgDPSizeMax           = 1024
+	cfgDPRankStartMax      = 65535
 	cfgPortMax             = 65535
 	cfgMaxSessionsMax      = 100_000_000
 	cfgBlockTokensMax      = 65536
@@ -757,7 +760,8 @@ func cfgPoolField(dst *Pool, prefill bool) cfgSetter {
 						e.Address, hasAddress = s, true
 						return nil
 					},
-					"dp_size": cfgIntField(&e.DPSize, 1, cfgDPSizeMax),
+					"dp_size":       cfgIntField(&e.DPSize, 1, cfgDPSizeMax),
+					"dp_rank_start": cfgIntField(&e.DPRankStart, 0, cfgDPRankStartMax),
 					"bootstrap_port": func(bp string, bv gjson.Result) error {
 						if !prefill {
 							return cfgErr(bp, "only allowed in the prefill pool (sglang bootstrap)")

@@ -101,10 +101,10 @@ func TestParseConfigFull(t *testing.T) {
 	    "decode": {"endpoints": [
 	      {"address": "10.0.0.11:8000", "dp_size": 4},
 	      {"address": "[fd00::12]:8001"},
-	      {"address": "decode-2.llm.svc.cluster.local:9000", "dp_size": 2}
+	      {"address": "decode-2.llm.svc.cluster.local:9000", "dp_size": 2, "dp_rank_start": 2}
 	    ]},
 	    "prefill": {"endpoints": [
-	      {"address": "10.0.1.1:8100", "dp_size": 2, "bootstrap_port": 9001},
+	      {"address": "10.0.1.1:8100", "dp_size": 2, "dp_rank_start": 8.0, "bootstrap_port": 9001},
 	      {"address": "prefill-1:8100"}
 	    ]}
 	  },
@@ -143,10 +143,10 @@ func TestParseConfigFull(t *testing.T) {
 	assert.Equal(t, []Endpoint{
 		{Address: "10.0.0.11:8000", DPSize: 4},
 		{Address: "[fd00::12]:8001", DPSize: 1},
-		{Address: "decode-2.llm.svc.cluster.local:9000", DPSize: 2},
+		{Address: "decode-2.llm.svc.cluster.local:9000", DPSize: 2, DPRankStart: 2},
 	}, c.Pools.Decode.Endpoints)
 	assert.Equal(t, []Endpoint{
-		{Address: "10.0.1.1:8100", DPSize: 2, BootstrapPort: 9001},
+		{Address: "10.0.1.1:8100", DPSize: 2, DPRankStart: 8, BootstrapPort: 9001},
 		{Address: "prefill-1:8100", DPSize: 1},
 	}, c.Pools.Prefill.Endpoints)
 	assert.Equal(t, ConversationConfig{
@@ -308,6 +308,12 @@ func TestParseConfigRefusals(t *testing.T) {
 		{"dp_size 0", cfgDecode(`{"address":"a:1","dp_size":0}`), "pools.decode.endpoints[0].dp_size", "must be >= 1, got 0"},
 		{"dp_size negative", cfgDecode(`{"address":"a:1","dp_size":-2}`), "pools.decode.endpoints[0].dp_size", "must be >= 1, got -2"},
 		{"dp_size 1025", cfgDecode(`{"address":"a:1","dp_size":1025}`), "pools.decode.endpoints[0].dp_size", "must be <= 1024"},
+		{"dp_rank_start negative", cfgDecode(`{"address":"a:1"},{"address":"b:1","dp_rank_start":-1}`), "pools.decode.endpoints[1].dp_rank_start", "must be >= 0, got -1"},
+		{"dp_rank_start string", cfgDecode(`{"address":"a:1"},{"address":"b:1","dp_rank_start":"4"}`), "pools.decode.endpoints[1].dp_rank_start", "must be an integer"},
+		{"dp_rank_start fraction", cfgDecode(`{"address":"a:1","dp_rank_start":0.5}`), "pools.decode.endpoints[0].dp_rank_start", "must be an integer, got 0.5"},
+		{"dp_rank_start bool", cfgDecode(`{"address":"a:1","dp_rank_start":true}`), "pools.decode.endpoints[0].dp_rank_start", "must be an integer"},
+		{"dp_rank_start 65536", cfgDecode(`{"address":"a:1","dp_rank_start":65536}`), "pools.decode.endpoints[0].dp_rank_start", "must be <= 65535"},
+		{"prefill dp_rank_start negative", `{"pools":{"decode":{"endpoints":[{"address":"a:1"}]},"prefill":{"endpoints":[{"address":"p:1","dp_rank_start":-3}]}}}`, "pools.prefill.endpoints[0].dp_rank_start", "must be >= 0, got -3"},
 		{"bootstrap_port 0", `{"pools":{"decode":{"endpoints":[{"address":"a:1"}]},"prefill":{"endpoints":[{"address":"p:1","bootstrap_port":0}]}}}`, "pools.prefill.endpoints[0].bootstrap_port", "must be >= 1, got 0"},
 		{"bootstrap_port 65536", `{"pools":{"decode":{"endpoints":[{"address":"a:1"}]},"prefill":{"endpoints":[{"address":"p:1","bootstrap_port":65536}]}}}`, "pools.prefill.endpoints[0].bootstrap_port", "must be <= 65535"},
 		{"max_sessions 0", cfgWith(`"conversation": {"max_sessions": 0}`), "conversation.max_sessions", "must be >= 1, got 0"},

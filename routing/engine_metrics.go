@@ -13,6 +13,32 @@ import (
 // pool in shared data, each with the time it was taken, so every VM reads the same fleet
 // view and figures that stop being refreshed age out.
 
+// labelOffset is the rank label of an endpoint's first rank: dpRankStart, unless no
+// label is one of the endpoint's ranks and the labels fit dpSize consecutive numbers,
+// then the lowest label (see ParseEngineMetrics).
+func labelOffset(groups map[engineGroupKey]*engineGroup, dpSize, dpRankStart int) int {
+	lo, hi, any := 0, 0, false
+	for key := range groups {
+		if key.rank < 0 {
+			continue
+		}
+		if key.rank >= dpRankStart && key.rank-dpRankStart < dpSize {
+			return dpRankStart
+		}
+		if !any || key.rank < lo {
+			lo = key.rank
+		}
+		if !any || key.rank > hi {
+			hi = key.rank
+		}
+		any = true
+	}
+	if any && hi-lo < dpSize {
+		return lo
+	}
+	return dpRankStart
+}
+
 // EngineFigures is what an engine reports about one target (an endpoint's DP rank).
 type EngineFigures struct {
 	Running, Waiting float64 // requests in the running batch, and queued
@@ -105,24 +131,31 @@ func (g *engineGroup) set(field *float64, bit uint8, v float64) {
 }
 
 // ParseEngineMetrics reads one endpoint's metrics page and returns its figures per DP
-// rank (0 .. dpSize-1). Series are grouped by (rank, model): within a group (series
-// that differ only in other labels, such as SGLang's tp_rank) the largest value counts;
-// across models running and waiting add up and KV usage is the largest (each model has
-// its own cache, and the fullest one is what limits the server).
+// rank, numbered as the endpoint's targets are: dpRankStart .. dpRankStart+dpSize-1.
+// Series are grouped by (rank, model): within a group (series that differ only in
+// other labels, such as SGLang's tp_rank) the largest value counts; across models
+// running and waiting add up and KV usage is the largest (each model has its own
+// cache, and the fullest one is what limits the server).
 //
 // The rank of a series is its rank label (vLLM "engine", SGLang "dp_rank"):
-//   - dpSize <= 1: every series counts for rank 0, whatever its label (a vLLM
-//     external-load-balancing server labels its only engine with its global DP rank,
-//     and a DP server kvroute treats as one target balances its engines itself);
-//   - otherwise a labelled series outside 0 .. dpSize-1, or whose label is not a
-//     number, is left out: it cannot be attributed;
+//   - dpSize <= 1: every series counts for the endpoint's only rank, whatever its
+//     label (a vLLM external-load-balancing server labels its only engine with its
+//     global DP rank, and a DP server kvroute treats as one target balances its
+//     engines itself);
+//   - otherwise a label v is the endpoint's rank v when that is one of its ranks. A
+//     vLLM hybrid-load-balancing node labels its engines with their global ranks even
+//     where its API server takes node-local ranks in the header (and the endpoint has
+//     dp_rank_start 0): when no label is one of the endpoint's ranks and all of them
+//     lie within dpSize consecutive numbers, the lowest label is the endpoint's first
+//     rank. A labelled series that is still outside, or whose label is not a number,
+//     is left out: it cannot be attributed;
 //   - a series without a rank label on an endpoint with dpSize > 1 is spread evenly:
 //     each rank gets running/dpSize and waiting/dpSize, and the KV usage as it is.
 //
 // Values that are NaN, infinite or negative are left out. A malformed page is an error
 // wrapping ErrPromText; a page with none of the flavor's series is ErrNoEngineFigures.
 // Either way the caller keeps no figures from it.
-func ParseEngineMetrics(flavor string, text []byte, dpSize int) (map[int]EngineFigures, error) {
+func ParseEngineMetrics(flavor string, text []byte, dpSize, dpRankStart int) (map[int]EngineFigures, error) {
 	names, ok := engineFlavors[flavor]
 	if !ok {
 		return nil, ErrUnknownFlavor
@@ -150,7 +183,7 @@ func ParseEngineMetrics(flavor string, text []byte, dpSize int) (map[int]EngineF
 		}
 		key := engineGroupKey{rank: -1, model: labels.hash(names.modelLabel)}
 		if names.rankLabel != "" && labels.Has(names.rankLabel) {
-			key.rank = -2 // not a rank: counts only where every series goes to rank 0
+			key.rank = -2 // not a rank: counts only where every series goes to the one rank
 			if r, ok := labels.Int(names.rankLabel); ok {
 				key.rank = r
 			}
@@ -187,16 +220,17 @@ func ParseEngineMetrics(flavor string, text []byte, dpSize int) (map[int]EngineF
 		f.KVUsage = max(f.KVUsage, kv)
 		out[rank] = f
 	}
+	offset := labelOffset(groups, dpSize, dpRankStart)
 	for key, g := range groups {
 		switch {
 		case dpSize == 1:
-			add(0, g, 1)
+			add(dpRankStart, g, 1)
 		case key.rank == -1:
 			for r := 0; r < dpSize; r++ {
-				add(r, g, 1/float64(dpSize))
+				add(dpRankStart+r, g, 1/float64(dpSize))
 			}
-		case key.rank >= 0 && key.rank < dpSize:
-			add(key.rank, g, 1)
+		case key.rank >= offset && key.rank-offset < dpSize:
+			add(dpRankStart+key.rank-offset, g, 1)
 		}
 	}
 	if len(out) == 0 {

@@ -196,7 +196,8 @@ func (r *Router) addEngineLoad(p *poolState, v *poolView, nowMS int64) {
 	}
 }
 
-// PublishEngineFigures stores a scrape of one endpoint: figures per DP rank.
+// PublishEngineFigures stores a scrape of one endpoint: figures per DP rank, numbered
+// as its targets are (ParseEngineMetrics's keys).
 func (r *Router) PublishEngineFigures(prefill bool, address string, byRank map[int]EngineFigures) error {
 	p := r.decode
 	if prefill {
@@ -353,8 +354,9 @@ type prompt struct {
 }
 
 // Decide routes one request: a decode target and, when disaggregation classifies
-// it so, a prefill target. rank is a trusted client DP rank, or NoRank. It never
-// fails: when shared state does, it decides without it (decision fallback).
+// it so, a prefill target. rank is a trusted client DP rank, or NoRank; it is in the
+// rank header's numbering (a target's Rank), and one no target has is ignored. It
+// never fails: when shared state does, it decides without it (decision fallback).
 func (r *Router) Decide(req *Request, rank int) Decision {
 	nowMS := r.now()
 	// Estimates come from client-controlled sizes: bound them so ledger sums can't wrap.

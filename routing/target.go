@@ -5,10 +5,17 @@ import "strconv"
 // Target is one (endpoint, DP rank) pair: the unit every decision, ledger entry and
 // mapping is kept for. Its ID is a fingerprint of "address#rank", never a position in
 // the config, so reordering or extending the config never misattributes state.
+//
+// Rank is the worker's own rank, dp_rank_start + r for the endpoint's r-th rank: the
+// number the rank header carries, so it names the engine that receives the request.
+// The ID hashes that number too: when an operator changes dp_rank_start, a target's
+// header, and so the engine it reaches, changes, and its state (conversations, prefix
+// blocks, load) must not follow it to an engine that never saw those requests; it
+// expires as a removed target's does. With dp_rank_start 0 the IDs are those of r.
 type Target struct {
 	ID            uint64
 	Address       string
-	Rank          int
+	Rank          int    // dp_rank_start + r
 	DPSize        int    // of its endpoint; the rank header is sent only when > 1
 	RankText      string // Rank in decimal, ready for a header
 	BootstrapPort int    // sglang prefill endpoints
@@ -51,12 +58,13 @@ func NewPoolTargets(p Pool) *PoolTargets {
 			if bp == 0 {
 				bp = DefaultBootstrapPort
 			}
+			worker := e.DPRankStart + rank
 			t := Target{
-				ID:            TargetID(e.Address, rank),
+				ID:            TargetID(e.Address, worker),
 				Address:       e.Address,
-				Rank:          rank,
+				Rank:          worker,
 				DPSize:        dp,
-				RankText:      strconv.Itoa(rank),
+				RankText:      strconv.Itoa(worker),
 				BootstrapPort: bp,
 				Endpoint:      i,
 			}

@@ -87,6 +87,33 @@ func mutated(t *testing.T, rel, old, new, want string) {
 	}
 }
 
+// An endpoint that numbers its DP ranks from a start rank (a vLLM hybrid DP node) passes
+// the check, and the start rank reaches the configuration.
+func TestDPRankStartAccepted(t *testing.T) {
+	root := repoRoot(t)
+	const rel = "deploy/envoy/override-host.yaml"
+	data, err := os.ReadFile(filepath.Join(root, rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const old = `{"address": "127.0.0.1:8001", "dp_size": 2}`
+	if !strings.Contains(string(data), old) {
+		t.Fatalf("%s does not contain %q", rel, old)
+	}
+	p := filepath.Join(t.TempDir(), filepath.Base(rel))
+	changed := strings.Replace(string(data), old, `{"address": "127.0.0.1:8001", "dp_size": 2, "dp_rank_start": 4}`, 1)
+	if err := os.WriteFile(p, []byte(changed), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfgs, _, err := CheckFile(p)
+	if err != nil {
+		t.Fatalf("dp_rank_start 4 refused: %v", err)
+	}
+	if len(cfgs) != 1 || cfgs[0].Pools.Decode.Endpoints[0].DPRankStart != 4 {
+		t.Fatalf("want one configuration whose first decode endpoint starts at rank 4, got %+v", cfgs)
+	}
+}
+
 // The validation refuses what Envoy, Istio or kvroute would refuse, and what would
 // make the deployment unsafe. Each case changes one thing in a shipped file.
 func TestBootstrapRefusals(t *testing.T) {
@@ -104,6 +131,8 @@ func TestBootstrapRefusals(t *testing.T) {
 		{"plugin config unknown field", oh, `"max_body_bytes": 8388608,`, `"max_body_byte": 8388608,`, "max_body_byte"},
 		{"plugin config out of range", oh, `"dp_size": 2`, `"dp_size": 0`, "dp_size"},
 		{"trusted rank header stripped early", oh, `"max_body_bytes": 8388608,`, `"max_body_bytes": 8388608, "trust_client_dp_rank": true,`, "trust_client_dp_rank is true, but an early header mutation removes \"x-data-parallel-rank\""},
+		{"negative dp_rank_start", oh, `"dp_size": 2`, `"dp_size": 2, "dp_rank_start": -1`, "pools.decode.endpoints[0].dp_rank_start: must be >= 0"},
+		{"dp_rank_start not a number", oh, `"dp_size": 2`, `"dp_size": 2, "dp_rank_start": "4"`, "pools.decode.endpoints[0].dp_rank_start: must be an integer"},
 		{"fail closed", oh, "fail_open: true", "fail_open: false", "fail open"},
 		{"owned header not stripped early", oh, "              - remove: x-data-parallel-rank\n", "", `"x-data-parallel-rank"`},
 		{"override_host reads another header", oh, "- header: x-gateway-destination-endpoint", "- header: x-other", "override_host reads"},
