@@ -330,7 +330,9 @@ func checkPD(t *testing.T, e *envoyRun) {
 	short := e.chat(t, "a short question", map[string]string{"x-session-id": "pd-short"})
 	d := short.saw("x-kvroute-decision")
 	if !strings.Contains(d, ";pd=") {
-		t.Skipf("the filter does not implement prefill/decode disaggregation yet: decision %q has no ;pd= suffix", d)
+		// pd.yaml turns disaggregation on, so every decision must say direct or
+		// disaggregated: without the suffix the filter ran without its P/D config.
+		t.Fatalf("short prompt: decision %q has no ;pd= suffix, want %q with disaggregation on", d, ";pd=direct")
 	}
 	if short.Header.Get("x-mock-served-by") != e.b.Name || !strings.HasSuffix(d, ";pd=direct") || short.Header.Get("x-mock-leg") != "direct" {
 		t.Errorf("short prompt: served by %s, leg %s, decision %q; want the decode worker, direct",
