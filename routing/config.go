@@ -25,9 +25,11 @@ type Pools struct {
 	Prefill Pool
 }
 
-// Pool is a list of inference server endpoints.
+// Pool is a list of inference server endpoints: static, discovered, or static until
+// the first discovery answer.
 type Pool struct {
 	Endpoints []Endpoint
+	Discovery *DiscoveryConfig // nil: the endpoints are static
 }
 
 // Endpoint is one inference server.
@@ -43,6 +45,31 @@ type Endpoint struct {
 	DPSize        int    // data-parallel ranks, >= 1
 	DPRankStart   int    // >= 0; see above
 	BootstrapPort int    // sglang prefill endpoints; 0 means the default 8998
+}
+
+// Discovery sources (pools.<pool>.discovery.source).
+const (
+	DiscoveryEnvoyAdmin = "envoy_admin"
+	DiscoveryHTTP       = "http"
+)
+
+// DiscoveryConfig makes a pool's endpoints follow a source instead of the static list
+// (docs/behaviour.md, Discovered endpoints). One VM at a time polls Source every
+// IntervalMS through the Envoy cluster Cluster: with "envoy_admin", Envoy's admin
+// /clusters for the hosts and health of ServiceCluster; with "http", a JSON endpoint list
+// at Path. Endpoints that name no dp_size get DPSize.
+type DiscoveryConfig struct {
+	Source         string
+	Cluster        string
+	ServiceCluster string
+	Path           string
+	DPSize         int
+	IntervalMS     int64
+}
+
+// DefaultDiscovery holds the defaults of a discovery block.
+func DefaultDiscovery() DiscoveryConfig {
+	return DiscoveryConfig{Source: DiscoveryEnvoyAdmin, Cluster: "kvroute_admin", DPSize: 1, IntervalMS: 2000}
 }
 
 // First-turn placement policies (conversation.first_turn).

@@ -111,6 +111,20 @@ func configFields(v reflect.Value) map[string]configField {
 				walk(prefix, f.Type, fv)
 			case f.Type.Kind() == reflect.Struct:
 				walk(path+".", f.Type, fv)
+			case f.Type.Kind() == reflect.Pointer && f.Type.Elem().Kind() == reflect.Struct:
+				// An optional block (pools.<pool>.discovery), written once for both pools.
+				var el reflect.Value
+				if fv.IsValid() && !fv.IsNil() {
+					el = fv.Elem()
+				}
+				prefix := path + "."
+				if strings.HasPrefix(path, "pools.") {
+					prefix = "pools.<pool>." + path[strings.LastIndexByte(path, '.')+1:] + "."
+					if _, seen := out[prefix+snakeCase(f.Type.Elem().Field(0).Name)]; seen && !el.IsValid() {
+						continue // keep the pool that has one
+					}
+				}
+				walk(prefix, f.Type.Elem(), el)
 			case f.Type.Kind() == reflect.Slice && f.Type.Elem().Kind() == reflect.Struct:
 				out[path] = configField{typ: f.Type, value: fv}
 				var el reflect.Value
@@ -195,7 +209,8 @@ func nullAt(path, pool string) string {
 // where the row gives one as a JSON literal, its default.
 func TestConfigDocs(t *testing.T) {
 	rows := readConfigDocs(t)
-	minimal, err := ParseConfig([]byte(`{"pools": {"decode": {"endpoints": [{"address": "10.0.0.1:8000"}]}}}`))
+	minimal, err := ParseConfig([]byte(`{"pools": {"decode": {"endpoints": [{"address": "10.0.0.1:8000"}],
+		"discovery": {"service_cluster": "vllm"}}}}`))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,8 @@ package routing
 //                                          printable ASCII, no space, "?" or "#"; no duplicates
 //     max_body_bytes                       1 .. 1<<30
 //     chars_per_token                      1 .. 64
-//     pools.decode.endpoints               at least 1 endpoint (addresses unique per pool)
+//     pools.decode.endpoints               at least 1 endpoint unless the pool has discovery
+//                                          (addresses unique per pool)
 //     pools.prefill.endpoints              0 or more endpoints (addresses unique per pool)
 //     endpoints[i].address                 required; host:port — host a DNS name (labels of
 //                                          1..63 of [A-Za-z0-9_-], ≤ 253 chars), an IPv4
@@ -30,6 +31,13 @@ package routing
 //     endpoints[i].dp_rank_start           0 .. 65535 (default 0; a vLLM engine identity
 //                                          is two bytes)
 //     endpoints[i].bootstrap_port          1 .. 65535, prefill pool only
+//     pools.<pool>.discovery.source        envoy_admin | http
+//     pools.<pool>.discovery.cluster       non-empty, no whitespace or control characters
+//     ....discovery.service_cluster        the same; required with envoy_admin, refused with http
+//     ....discovery.path                   as engine_metrics.path; required with http,
+//                                          refused with envoy_admin
+//     ....discovery.dp_size                1 .. 1024
+//     ....discovery.interval_ms            100 .. 3,600,000
 //     conversation.headers                 header names (RFC 9110 token), lower-cased, unique
 //     conversation.body_fields             non-empty gjson paths, unique
 //     conversation.max_sessions            1 .. 100,000,000
@@ -61,9 +69,9 @@ package routing
 //                                          headers.decision may be "" (disables it), the
 //                                          others must be set
 //
-//   - the cross-field rules: pools.decode.endpoints holds at least one endpoint; a
-//     disaggregation.mode other than off needs at least one prefill endpoint (reported on
-//     pools.prefill.endpoints); engine_metrics.stale_ms >= engine_metrics.interval_ms
+//   - the cross-field rules: pools.decode.endpoints holds at least one endpoint unless
+//     the pool has discovery; a disaggregation.mode other than off needs at least one
+//     prefill endpoint or prefill discovery (reported on pools.prefill.endpoints); engine_metrics.stale_ms >= engine_metrics.interval_ms
 //     (reported on stale_ms, also when only interval_ms was set); the filter's own header
 //     names (headers.*) are distinct from each other and from every conversation.headers
 //     entry, and none is a header the filter must never strip (host, content-length,
@@ -233,12 +241,12 @@ func parseConfig(data []byte) (Config, error) {
 
 // cfgCrossCheck applies the rules that involve more than one field.
 func cfgCrossCheck(c *Config) error {
-	if len(c.Pools.Decode.Endpoints) == 0 {
-		return cfgErr("pools.decode.endpoints", "must hold at least one endpoint")
+	if len(c.Pools.Decode.Endpoints) == 0 && c.Pools.Decode.Discovery == nil {
+		return cfgErr("pools.decode.endpoints", "must hold at least one endpoint (or set pools.decode.discovery)")
 	}
-	if c.Disaggregation.Mode != ModeOff && len(c.Pools.Prefill.Endpoints) == 0 {
+	if c.Disaggregation.Mode != ModeOff && len(c.Pools.Prefill.Endpoints) == 0 && c.Pools.Prefill.Discovery == nil {
 		return cfgErr("pools.prefill.endpoints",
-			"disaggregation.mode %q needs at least one prefill endpoint", c.Disaggregation.Mode)
+			"disaggregation.mode %q needs at least one prefill endpoint (or pools.prefill.discovery)", c.Disaggregation.Mode)
 	}
 	if c.EngineMetrics.StaleMS < c.EngineMetrics.IntervalMS {
 		return cfgErr("engine_metrics.stale_ms", "must be >= engine_metrics.interval_ms (%d), got %d",
@@ -782,6 +790,32 @@ func cfgPoolField(dst *Pool, prefill bool) cfgSetter {
 				dst.Endpoints = eps
 			}
 			return err
+		},
+		"discovery": func(p string, v gjson.Result) error {
+			d := DefaultDiscovery()
+			err := cfgObject(p, v, cfgFields{
+				"source":          cfgEnumField(&d.Source, DiscoveryEnvoyAdmin, DiscoveryHTTP),
+				"cluster":         cfgClusterField(&d.Cluster),
+				"service_cluster": cfgClusterField(&d.ServiceCluster),
+				"path":            cfgPathField(&d.Path),
+				"dp_size":         cfgIntField(&d.DPSize, 1, cfgDPSizeMax),
+				"interval_ms":     cfgInt64Field(&d.IntervalMS, cfgIntervalMSMin, cfgIntervalMSMax),
+			})
+			if err != nil {
+				return err
+			}
+			switch {
+			case d.Source == DiscoveryEnvoyAdmin && d.ServiceCluster == "":
+				return cfgErr(p+".service_cluster", "required with source %q (the cluster the requests go to)", d.Source)
+			case d.Source == DiscoveryEnvoyAdmin && d.Path != "":
+				return cfgErr(p+".path", "only for source %q (envoy_admin reads the admin's /clusters)", DiscoveryHTTP)
+			case d.Source == DiscoveryHTTP && d.Path == "":
+				return cfgErr(p+".path", "required with source %q", d.Source)
+			case d.Source == DiscoveryHTTP && d.ServiceCluster != "":
+				return cfgErr(p+".service_cluster", "only for source %q", DiscoveryEnvoyAdmin)
+			}
+			dst.Discovery = &d
+			return nil
 		},
 	})
 }

@@ -45,6 +45,8 @@ type poolState struct {
 	matchedBuf   []int             // per target index: matched blocks of the request being decided
 	tokensBuf    []int             // per target index: matched tokens, gated
 	known        func(uint32) bool // whether the prefix index's 32-bit id is a target here
+
+	disc *poolDiscovery // nil for a static pool
 }
 
 // NewRouter builds a Router over store. now returns the current time in milliseconds.
@@ -52,31 +54,22 @@ func NewRouter(cfg *Config, store Store, now func() int64) *Router {
 	ns, retries := cfg.State.Namespace, cfg.State.MaxCASRetries
 	newPool := func(name string, p Pool) *poolState {
 		ps := &poolState{
-			name:    name,
-			targets: NewPoolTargets(p),
-			ledger:  NewLoadLedger(store, ns, name, cfg.State.LeaseMS, retries),
-			health:  NewHealthBoard(store, ns, name, cfg.Health, retries),
-			cursor:  NewCursor(store, ns, name, retries),
-			index:   NewPrefixIndex(store, ns, name, cfg.Prefix.CapacityBlocks, retries),
-			conv:    NewConversationTable(store, ns, name, cfg.Conversation.MaxSessions, retries),
+			name:   name,
+			ledger: NewLoadLedger(store, ns, name, cfg.State.LeaseMS, retries),
+			health: NewHealthBoard(store, ns, name, cfg.Health, retries),
+			cursor: NewCursor(store, ns, name, retries),
+			index:  NewPrefixIndex(store, ns, name, cfg.Prefix.CapacityBlocks, retries),
+			conv:   NewConversationTable(store, ns, name, cfg.Conversation.MaxSessions, retries),
 		}
-		ps.byID32 = newTargetIndex(len(ps.targets.Targets))
-		for i, t := range ps.targets.Targets {
-			ps.byID32.put(uint64(prefixTargetID(t.ID)), i)
-		}
+		ps.setTargets(p.Endpoints)
 		ps.known = func(t uint32) bool { return ps.byID32.get(uint64(t)) >= 0 }
-		ps.matchedBuf = make([]int, len(ps.targets.Targets))
-		ps.tokensBuf = make([]int, len(ps.targets.Targets))
-		ps.viewLoads = make([]Load, len(ps.targets.Targets))
-		ps.viewEligible = make([]int, 0, len(ps.targets.Targets))
-		ps.candBuf = make([]int, 0, len(ps.targets.Targets))
 		if cfg.EngineMetrics.Enabled {
 			ps.engine = NewEngineBoard(store, ns, name, cfg.EngineMetrics.StaleMS, retries)
 			ps.engineFigures = map[uint64]EngineFigures{}
 			ps.engineReadAt = -engineReadMS
 		}
-		for _, e := range p.Endpoints {
-			ps.endpointFP = append(ps.endpointFP, FingerprintString(e.Address))
+		if p.Discovery != nil {
+			ps.disc = newPoolDiscovery(store, ns, name, p, retries)
 		}
 		return ps
 	}
@@ -85,6 +78,28 @@ func NewRouter(cfg *Config, store Store, now func() int64) *Router {
 		now:     now,
 		decode:  newPool("decode", cfg.Pools.Decode),
 		prefill: newPool("prefill", cfg.Pools.Prefill),
+	}
+}
+
+// setTargets makes eps the pool's endpoints: at start, and whenever discovery changes
+// them. Every record kept per target (ledger, prefix index, conversations, health,
+// engine figures) is keyed by target id, so it carries over; a target that left is
+// simply no longer found (docs/behaviour.md, State).
+func (ps *poolState) setTargets(eps []Endpoint) {
+	ps.targets = NewPoolTargets(Pool{Endpoints: eps})
+	n := len(ps.targets.Targets)
+	ps.byID32 = newTargetIndex(n)
+	for i, t := range ps.targets.Targets {
+		ps.byID32.put(uint64(prefixTargetID(t.ID)), i)
+	}
+	ps.matchedBuf = make([]int, n)
+	ps.tokensBuf = make([]int, n)
+	ps.viewLoads = make([]Load, n)
+	ps.viewEligible = make([]int, 0, n)
+	ps.candBuf = make([]int, 0, n)
+	ps.endpointFP = ps.endpointFP[:0]
+	for _, e := range eps {
+		ps.endpointFP = append(ps.endpointFP, FingerprintString(e.Address))
 	}
 }
 
@@ -359,6 +374,10 @@ type prompt struct {
 // never fails: when shared state does, it decides without it (decision fallback).
 func (r *Router) Decide(req *Request, rank int) Decision {
 	nowMS := r.now()
+	r.applyDiscovered()
+	if len(r.decode.targets.Targets) == 0 {
+		return Decision{Kind: KindFallback} // no endpoint: Envoy's own balancing picks
+	}
 	// Estimates come from client-controlled sizes: bound them so ledger sums can't wrap.
 	req.Tokens = max(0, min(req.Tokens, MaxRequestTokens))
 	if rank != NoRank && !r.rankExists(r.decode, rank) {
@@ -383,7 +402,7 @@ func (r *Router) Decide(req *Request, rank int) Decision {
 		return d
 	}
 	d.PD = PDDirect
-	if !r.disaggregate(req, &d) {
+	if len(r.prefill.targets.Targets) == 0 || !r.disaggregate(req, &d) {
 		return d
 	}
 	pc, err := r.choose(r.prefill, req, &prompt{cps: cps, blocks: blocks}, NoRank, nowMS)
@@ -688,6 +707,9 @@ func (r *Router) ReportHealth(t Target, prefill bool, failed bool) (bool, error)
 	if prefill {
 		p = r.prefill
 	}
+	if t.Address == "" {
+		return false, nil // a pass-through decision: no target served
+	}
 	return p.health.Report(FingerprintString(t.Address), failed, r.now())
 }
 
@@ -695,7 +717,7 @@ func (r *Router) ReportHealth(t Target, prefill bool, failed bool) (bool, error)
 // (see PrefixIndex). It runs on the tick.
 func (r *Router) SyncPrefixes() error {
 	err := r.decode.index.Sync(r.now())
-	if len(r.prefill.targets.Targets) > 0 {
+	if r.prefill.inUse() {
 		if err2 := r.prefill.index.Sync(r.now()); err == nil {
 			err = err2
 		}
@@ -708,7 +730,7 @@ func (r *Router) SyncPrefixes() error {
 func (r *Router) FlushLoad() error {
 	now := r.now()
 	err := r.decode.ledger.Flush(now)
-	if len(r.prefill.targets.Targets) > 0 {
+	if r.prefill.inUse() {
 		if err2 := r.prefill.ledger.Flush(now); err == nil {
 			err = err2
 		}

@@ -1,0 +1,100 @@
+package routing
+
+// poolDiscovery is what a Router keeps of a discovered pool: the board it reads, the
+// generation it last applied, and the endpoints it applied.
+type poolDiscovery struct {
+	board   *EndpointBoard
+	dpSize  int    // discovery.dp_size: for endpoints that name none
+	applied uint64 // generation of the set in use; 0: the static endpoints
+	eps     []Endpoint
+}
+
+func newPoolDiscovery(store Store, ns, pool string, p Pool, retries int) *poolDiscovery {
+	return &poolDiscovery{
+		board:  NewEndpointBoard(store, ns, pool, *p.Discovery, retries),
+		dpSize: p.Discovery.DPSize,
+		eps:    p.Endpoints,
+	}
+}
+
+// inUse reports whether the pool may route at all, now or once discovery answers: its
+// ledger and prefix index are kept in step with the other VMs while it does.
+func (ps *poolState) inUse() bool { return len(ps.targets.Targets) > 0 || ps.disc != nil }
+
+// applyDiscovered brings every discovered pool to the set in shared data, if its
+// generation moved since this VM last applied one. It costs one nine-byte read per
+// discovered pool; the set itself is read only when it changed. A read that fails
+// keeps the targets in use. It reports whether any pool's targets changed.
+func (r *Router) applyDiscovered() bool {
+	changed := false
+	for _, ps := range [2]*poolState{r.decode, r.prefill} {
+		d := ps.disc
+		if d == nil {
+			continue
+		}
+		gen, err := d.board.Generation()
+		if err != nil || gen == d.applied || gen == 0 {
+			continue
+		}
+		setGen, eps, ok, err := d.board.Read()
+		if err != nil || !ok || setGen == d.applied {
+			continue
+		}
+		d.applied = setGen
+		d.eps = d.endpoints(eps)
+		ps.setTargets(d.eps)
+		changed = true
+	}
+	return changed
+}
+
+// endpoints turns a discovered set into the pool's endpoints.
+func (d *poolDiscovery) endpoints(eps []DiscoveredEndpoint) []Endpoint {
+	out := make([]Endpoint, len(eps))
+	for i, e := range eps {
+		dp := e.DPSize
+		if dp == 0 {
+			dp = d.dpSize
+		}
+		// e.DPRankStart is carried through the board; Endpoint gains the field with
+		// the rank numbering (dp_rank_start), and it is copied here.
+		out[i] = Endpoint{Address: e.Address, DPSize: dp}
+	}
+	return out
+}
+
+// RefreshDiscovered applies a newer discovered set, as the next decision would; the
+// tick calls it so that gauges and scrapes follow the fleet without traffic. It reports
+// whether the targets changed.
+func (r *Router) RefreshDiscovered() bool { return r.applyDiscovered() }
+
+// PublishDiscovered stores a good poll of a pool's source for every VM, and applies it
+// here at once. A pool without discovery ignores it.
+func (r *Router) PublishDiscovered(prefill bool, eps []DiscoveredEndpoint) error {
+	ps := r.decode
+	if prefill {
+		ps = r.prefill
+	}
+	if ps.disc == nil {
+		return nil
+	}
+	_, err := ps.disc.board.Publish(eps)
+	r.applyDiscovered()
+	return err
+}
+
+// Endpoints returns the endpoints a pool routes to now: the static ones, or the last
+// discovered set this VM applied.
+func (r *Router) Endpoints(prefill bool) []Endpoint {
+	ps := r.decode
+	if prefill {
+		ps = r.prefill
+	}
+	if ps.disc != nil {
+		return ps.disc.eps
+	}
+	if prefill {
+		return r.cfg.Pools.Prefill.Endpoints
+	}
+	return r.cfg.Pools.Decode.Endpoints
+}
