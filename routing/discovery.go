@@ -409,13 +409,17 @@ func (b *EndpointBoard) Publish(eps []DiscoveredEndpoint) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if changed {
-		next := binary.LittleEndian.AppendUint64([]byte{endpointBoardFormat}, gen)
-		if err := b.store.Set(b.genKey, next, 0); err != nil {
-			return gen, err
-		}
+	if !changed {
+		return gen, nil
 	}
-	return gen, nil
+	// Under compare-and-swap as well: a racing publisher's newer generation stays.
+	err = update(b.store, b.genKey, b.retries, func(old []byte) ([]byte, bool) {
+		if len(old) == endpointGenSize && old[0] == endpointBoardFormat && binary.LittleEndian.Uint64(old[1:]) >= gen {
+			return nil, false
+		}
+		return binary.LittleEndian.AppendUint64([]byte{endpointBoardFormat}, gen), true
+	})
+	return gen, err
 }
 
 // Generation returns the stored generation; 0 when there is none.

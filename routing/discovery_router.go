@@ -7,6 +7,7 @@ type poolDiscovery struct {
 	dpSize  int    // discovery.dp_size: for endpoints that name none
 	applied uint64 // generation of the set in use; 0: the static endpoints
 	eps     []Endpoint
+	changes uint64 // sets applied
 }
 
 func newPoolDiscovery(store Store, ns, pool string, p Pool, retries int) *poolDiscovery {
@@ -41,6 +42,7 @@ func (r *Router) applyDiscovered() bool {
 			continue
 		}
 		d.applied = setGen
+		d.changes++
 		d.eps = d.endpoints(eps)
 		ps.setTargets(d.eps)
 		changed = true
@@ -97,4 +99,16 @@ func (r *Router) Endpoints(prefill bool) []Endpoint {
 		return r.cfg.Pools.Prefill.Endpoints
 	}
 	return r.cfg.Pools.Decode.Endpoints
+}
+
+// DiscoveryChanges counts the discovered sets this Router has applied, over both pools:
+// when it moves, the target lists changed.
+func (r *Router) DiscoveryChanges() uint64 {
+	var n uint64
+	for _, ps := range [2]*poolState{r.decode, r.prefill} {
+		if ps.disc != nil {
+			n += ps.disc.changes
+		}
+	}
+	return n
 }

@@ -413,3 +413,31 @@ func TestDiscoveryConfig(t *testing.T) {
 		assert.Contains(t, ce.Reason, tc.reason, tc.doc)
 	}
 }
+
+// FuzzParseDiscovery feeds both parsers arbitrary answers: they never panic, and what
+// they return is a sorted, duplicate-free list of valid host:port addresses.
+func FuzzParseDiscovery(f *testing.F) {
+	f.Add([]byte(adminClustersJSON(map[string][]string{istioCluster: {adminHostJSON("10.0.0.1", 8000, "")}}, istioCluster)))
+	f.Add([]byte(`{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2},{"address":"fd00::1","port":1}]}`))
+	f.Add([]byte(`[{"address":"a:1"},{"address":"a:1"}]`))
+	f.Add([]byte(`{"cluster_statuses":[{"name":"` + istioCluster + `","host_statuses":[{"address":{"socket_address":{"address":"::1","port_value":1}}}]}]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, parse := range []func([]byte) ([]DiscoveredEndpoint, error){
+			func(b []byte) ([]DiscoveredEndpoint, error) { return ParseEnvoyAdminClusters(b, istioCluster) },
+			ParseEndpointList,
+		} {
+			eps, err := parse(body)
+			if err != nil {
+				continue
+			}
+			for i, e := range eps {
+				if cfgHostPort("", e.Address) != nil {
+					t.Fatalf("invalid address %q", e.Address)
+				}
+				if i > 0 && eps[i-1].Address >= e.Address {
+					t.Fatalf("not sorted or repeated: %q then %q", eps[i-1].Address, e.Address)
+				}
+			}
+		}
+	})
+}
