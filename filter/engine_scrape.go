@@ -32,12 +32,10 @@ func (p *pluginContext) scrapeEngines(now int64) {
 	if !held {
 		return
 	}
-	for _, pool := range []struct {
-		prefill   bool
-		endpoints []routing.Endpoint
-	}{{false, p.cfg.Pools.Decode.Endpoints}, {true, p.cfg.Pools.Prefill.Endpoints}} {
-		for _, e := range pool.endpoints {
-			prefill, endpoint := pool.prefill, e
+	for _, prefill := range []bool{false, true} {
+		// The endpoints routed to now: static, or as last discovered.
+		for _, e := range p.router.Endpoints(prefill) {
+			prefill, endpoint := prefill, e
 			headers := [][2]string{
 				{":method", "GET"},
 				{":path", cfg.Path},

@@ -169,7 +169,9 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 		m.stateConflicts.Increment(1)
 	}
 	h := &cfg.Headers
-	_ = proxywasm.ReplaceHttpRequestHeader(h.Destination, d.Target.Address)
+	if d.Target.Address != "" { // "": the pool has no endpoint, Envoy picks
+		_ = proxywasm.ReplaceHttpRequestHeader(h.Destination, d.Target.Address)
+	}
 	if d.Target.DPSize > 1 {
 		_ = proxywasm.ReplaceHttpRequestHeader(h.DPRank, d.Target.RankText)
 	}

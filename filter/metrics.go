@@ -22,12 +22,13 @@ type metrics struct {
 	matchedTokens batchedCounter
 
 	// Rare: counted at once.
-	pdPrefillFailure proxywasm.MetricCounter
-	parseErrors      proxywasm.MetricCounter
-	stateConflicts   proxywasm.MetricCounter
-	ejections        proxywasm.MetricCounter
-	failOpen         proxywasm.MetricCounter
-	scrapeFailures   proxywasm.MetricCounter
+	pdPrefillFailure  proxywasm.MetricCounter
+	parseErrors       proxywasm.MetricCounter
+	stateConflicts    proxywasm.MetricCounter
+	ejections         proxywasm.MetricCounter
+	failOpen          proxywasm.MetricCounter
+	scrapeFailures    proxywasm.MetricCounter
+	discoveryFailures proxywasm.MetricCounter
 
 	decisionTime proxywasm.MetricHistogram // microseconds from body in to headers out
 
@@ -37,20 +38,21 @@ type metrics struct {
 
 func defineMetrics(targets []routing.Target) *metrics {
 	m := &metrics{
-		requestsRouted:   batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_requests_routed")},
-		pdDisaggregated:  batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_pd_disaggregated")},
-		pdDirect:         batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_pd_direct")},
-		promptTokens:     batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_prompt_tokens")},
-		matchedTokens:    batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_prefix_matched_tokens")},
-		pdPrefillFailure: proxywasm.DefineCounterMetric("kvroute_pd_prefill_failures"),
-		parseErrors:      proxywasm.DefineCounterMetric("kvroute_parse_errors"),
-		stateConflicts:   proxywasm.DefineCounterMetric("kvroute_state_conflicts"),
-		ejections:        proxywasm.DefineCounterMetric("kvroute_endpoint_ejections"),
-		failOpen:         proxywasm.DefineCounterMetric("kvroute_fail_open"),
-		scrapeFailures:   proxywasm.DefineCounterMetric("kvroute_engine_scrape_failures"),
-		decisionTime:     proxywasm.DefineHistogramMetric("kvroute_decision_time_us"),
-		activeRequests:   &ledgerGauge{g: proxywasm.DefineGaugeMetric("kvroute_active_requests")},
-		targetActive:     map[uint64]*ledgerGauge{},
+		requestsRouted:    batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_requests_routed")},
+		pdDisaggregated:   batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_pd_disaggregated")},
+		pdDirect:          batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_pd_direct")},
+		promptTokens:      batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_prompt_tokens")},
+		matchedTokens:     batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_prefix_matched_tokens")},
+		pdPrefillFailure:  proxywasm.DefineCounterMetric("kvroute_pd_prefill_failures"),
+		parseErrors:       proxywasm.DefineCounterMetric("kvroute_parse_errors"),
+		stateConflicts:    proxywasm.DefineCounterMetric("kvroute_state_conflicts"),
+		ejections:         proxywasm.DefineCounterMetric("kvroute_endpoint_ejections"),
+		failOpen:          proxywasm.DefineCounterMetric("kvroute_fail_open"),
+		scrapeFailures:    proxywasm.DefineCounterMetric("kvroute_engine_scrape_failures"),
+		discoveryFailures: proxywasm.DefineCounterMetric("kvroute_discovery_failures"),
+		decisionTime:      proxywasm.DefineHistogramMetric("kvroute_decision_time_us"),
+		activeRequests:    &ledgerGauge{g: proxywasm.DefineGaugeMetric("kvroute_active_requests")},
+		targetActive:      map[uint64]*ledgerGauge{},
 	}
 	for _, k := range routing.Kinds() {
 		name := "kvroute_decision_" + strings.ReplaceAll(k.String(), "-", "_")

@@ -23,6 +23,9 @@ type pluginContext struct {
 	promptBuf   []byte // the canonical prompt of the request being decided
 	lastScrape  int64
 	scrapeLease *routing.ScrapeLease
+
+	discovery     []*discoveryPoll
+	targetChanges uint64 // router.DiscoveryChanges() when the gauges last followed
 }
 
 // nowMS is the clock of the filter; Envoy serves it through WASI's clock.
@@ -52,6 +55,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	p.router = routing.NewRouter(&p.cfg, shareddata.Store{}, func() int64 { return nowMS() })
 	p.metrics = defineMetrics(p.router.DecodeTargets())
 	p.scrapeLease = routing.NewScrapeLease(shareddata.Store{}, cfg.State.Namespace, cfg.State.MaxCASRetries)
+	p.initDiscovery()
 	p.routes = map[string]routing.API{}
 	for _, r := range cfg.Routes {
 		p.routes[r] = routing.APIForPath(r)
@@ -87,6 +91,7 @@ func (p *pluginContext) OnTick() {
 			p.metrics.stateConflicts.Increment(1)
 		}
 	}
+	p.discoveryTick(nowMS())
 	p.scrapeEngines(nowMS())
 	if err := p.router.FlushLoad(); err != nil {
 		p.metrics.stateConflicts.Increment(1)

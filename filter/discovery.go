@@ -1,0 +1,203 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/kvroute/kvroute/internal/shareddata"
+	"github.com/kvroute/kvroute/routing"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+)
+
+// Discovered endpoints (docs/behaviour.md, Discovered endpoints): every
+// discovery.interval_ms the VM that holds a pool's discovery lease asks the pool's
+// source for its endpoints — Envoy's admin /clusters through discovery.cluster, or an
+// endpoint list at discovery.path — and publishes a good answer for every VM, which
+// applies it at its next decision. A failed, timed-out or unusable answer publishes
+// nothing (the last good set stays) and counts kvroute_discovery_failures. Polls run
+// on the tick, never on a request.
+
+// discoveryPoll is one discovered pool's poller in this VM.
+type discoveryPoll struct {
+	prefill  bool
+	pool     string
+	cfg      routing.DiscoveryConfig
+	path     string
+	lease    *routing.ScrapeLease
+	last     int64 // when this VM last tried
+	inFlight bool  // a poll was sent and has not answered
+	sentAt   int64
+	failing  bool // the last poll failed: the next failure logs only at debug
+}
+
+// discoveryTimeoutMS bounds one poll: the admin may take a while to write a large
+// answer, and a poll that outlives its interval only delays the next one.
+func discoveryTimeoutMS(intervalMS int64) int64 { return min(max(intervalMS, 1000), 10000) }
+
+func (p *pluginContext) initDiscovery() {
+	for _, pool := range []struct {
+		prefill bool
+		name    string
+		d       *routing.DiscoveryConfig
+	}{{false, "decode", p.cfg.Pools.Decode.Discovery}, {true, "prefill", p.cfg.Pools.Prefill.Discovery}} {
+		if pool.d == nil {
+			continue
+		}
+		path := pool.d.Path
+		if pool.d.Source == routing.DiscoveryEnvoyAdmin {
+			path = routing.EnvoyAdminPath(pool.d.ServiceCluster)
+		}
+		p.discovery = append(p.discovery, &discoveryPoll{
+			prefill: pool.prefill, pool: pool.name, cfg: *pool.d, path: path,
+			lease: routing.NewDiscoveryLease(shareddata.Store{}, p.cfg.State.Namespace, pool.name, p.cfg.State.MaxCASRetries),
+			last:  -pool.d.IntervalMS,
+		})
+	}
+}
+
+// discoveryTick applies a set another VM published (so gauges and scrapes follow the
+// fleet without traffic) and sends the polls that are due.
+func (p *pluginContext) discoveryTick(now int64) {
+	if len(p.discovery) == 0 {
+		return
+	}
+	p.router.RefreshDiscovered()
+	p.followTargets()
+	for _, d := range p.discovery {
+		p.poll(d, now)
+	}
+}
+
+func (p *pluginContext) poll(d *discoveryPoll, now int64) {
+	timeout := discoveryTimeoutMS(d.cfg.IntervalMS)
+	if now-d.last < d.cfg.IntervalMS && now >= d.last {
+		return
+	}
+	if d.inFlight && now-d.sentAt < 2*timeout && now >= d.sentAt {
+		return // Envoy answers every call, if only with its timeout
+	}
+	d.last = now
+	held, err := d.lease.TryAcquire(vmID, now, 3*d.cfg.IntervalMS+timeout)
+	if err != nil {
+		p.metrics.stateConflicts.Increment(1)
+		return
+	}
+	if !held {
+		return
+	}
+	headers := [][2]string{
+		{":method", "GET"},
+		{":path", d.path},
+		{":authority", discoveryAuthority(d.cfg.Cluster)},
+		{"accept", "application/json"},
+	}
+	_, err = proxywasm.DispatchHttpCall(d.cfg.Cluster, headers, nil, nil, uint32(timeout),
+		func(_, bodySize, _ int) { p.onDiscovery(d, bodySize) })
+	if err != nil {
+		p.discoveryFailed(d, "not sent via cluster %q: %v", d.cfg.Cluster, err)
+		return
+	}
+	d.inFlight, d.sentAt = true, now
+}
+
+// discoveryAuthority is the host the poll names: an Istio cluster's service host,
+// else the cluster's name (Envoy's admin answers any).
+func discoveryAuthority(cluster string) string {
+	if parts := strings.Split(cluster, "|"); len(parts) == 4 && parts[3] != "" {
+		return parts[3]
+	}
+	return cluster
+}
+
+func (p *pluginContext) onDiscovery(d *discoveryPoll, bodySize int) {
+	d.inFlight = false
+	defer p.recoverFailOpen("discovery")
+	status := 0
+	headers, _ := proxywasm.GetHttpCallResponseHeaders()
+	for _, kv := range headers {
+		if kv[0] == ":status" {
+			status, _ = strconv.Atoi(kv[1])
+		}
+	}
+	if status != 200 {
+		// Status 0: no response at all (a timeout, a reset, no such cluster).
+		p.discoveryFailed(d, "answered %d", status)
+		return
+	}
+	if bodySize > routing.MaxDiscoveryBodyBytes {
+		p.discoveryFailed(d, "answer of %d bytes, more than %d", bodySize, routing.MaxDiscoveryBodyBytes)
+		return
+	}
+	var body []byte
+	if bodySize > 0 {
+		var err error
+		if body, err = proxywasm.GetHttpCallResponseBody(0, bodySize); err != nil {
+			p.discoveryFailed(d, "answer unreadable: %v", err)
+			return
+		}
+	}
+	var eps []routing.DiscoveredEndpoint
+	var err error
+	if d.cfg.Source == routing.DiscoveryEnvoyAdmin {
+		eps, err = routing.ParseEnvoyAdminClusters(body, d.cfg.ServiceCluster)
+	} else {
+		eps, err = routing.ParseEndpointList(body)
+	}
+	if err != nil {
+		p.discoveryFailed(d, "%v", err)
+		return
+	}
+	if d.failing {
+		proxywasm.LogInfof("kvroute: %s discovery answers again: %d endpoints", d.pool, len(eps))
+		d.failing = false
+	}
+	if err := p.router.PublishDiscovered(d.prefill, eps); err != nil {
+		p.metrics.stateConflicts.Increment(1)
+	}
+	p.followTargets()
+}
+
+// discoveryFailed counts a failed poll. The first of a run is a warning; repeats are
+// debug lines, so a source that stays down does not fill the log.
+func (p *pluginContext) discoveryFailed(d *discoveryPoll, format string, args ...any) {
+	p.metrics.discoveryFailures.Increment(1)
+	format = "kvroute: " + d.pool + " discovery keeps its last endpoints: " + format
+	if d.failing {
+		proxywasm.LogDebugf(format, args...)
+		return
+	}
+	d.failing = true
+	proxywasm.LogWarnf(format, args...)
+}
+
+// followTargets defines the gauges of decode targets that joined and zeroes those of
+// targets that left, when the router's targets changed since it last looked.
+func (p *pluginContext) followTargets() {
+	n := p.router.DiscoveryChanges()
+	if n == p.targetChanges {
+		return
+	}
+	p.targetChanges = n
+	p.metrics.followTargets(p.router.DecodeTargets())
+}
+
+// maxTargetGauges bounds the per-target gauges one plugin defines: Envoy keeps a
+// defined stat for the VM's life, and pod addresses churn with every rollout.
+const maxTargetGauges = 4096
+
+// followTargets makes the per-target gauges those of targets: new targets get one
+// (until maxTargetGauges), targets no longer there are set to zero.
+func (m *metrics) followTargets(targets []routing.Target) {
+	present := make(map[uint64]bool, len(targets))
+	for _, t := range targets {
+		present[t.ID] = true
+		if _, ok := m.targetActive[t.ID]; !ok && len(m.targetActive) < maxTargetGauges {
+			m.targetActive[t.ID] = &ledgerGauge{g: proxywasm.DefineGaugeMetric(TargetGaugeName(t))}
+		}
+	}
+	for id, g := range m.targetActive {
+		if !present[id] {
+			g.set(0)
+		}
+	}
+}
