@@ -65,6 +65,7 @@ func CheckBootstrap(src string, js []byte) ([]routing.Config, error) {
 			c.fail("engine_metrics.cluster %q is reachable from a route: only the filter may use it", cfg.EngineMetrics.Cluster)
 		}
 	}
+	c.checkAdminNotRouted()
 	return c.cfgs, errors.Join(c.errs...)
 }
 
@@ -76,6 +77,8 @@ type bootstrapCheck struct {
 	cfgs     []routing.Config
 	wasmSeen bool // a wasm filter was found, whether or not its configuration parsed
 	errs     []error
+
+	adminClusters []string // discovery clusters that reach the admin interface
 }
 
 func (c *bootstrapCheck) fail(format string, args ...any) {
@@ -226,6 +229,8 @@ func (c *bootstrapCheck) checkHCM(l *listenerv3.Listener, hcm *hcmv3.HttpConnect
 			}
 		}
 	}
+
+	c.checkDiscovery(cfg)
 
 	// Every endpoint must be an IP:port: both override_host and ORIGINAL_DST match
 	// addresses, not names.

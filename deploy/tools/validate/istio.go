@@ -89,6 +89,7 @@ func CheckIstioSet(name string, objs []*Object) ([]routing.Config, error) {
 
 		// What the EnvoyFilters on the same workloads provide.
 		ovh := map[string][]string{} // "host:port" → headers override_host reads
+		added := map[string]bool{}   // clusters EnvoyFilters add
 		var clusterBufs []string
 		removed := map[string]bool{}
 		var listenerBuf int64 = envoyDefaultBufferLimit
@@ -106,6 +107,12 @@ func CheckIstioSet(name string, objs []*Object) ([]routing.Config, error) {
 			}
 			for _, p := range ef.GetConfigPatches() {
 				merge := p.GetPatch().GetOperation() == networkingv1alpha3.EnvoyFilter_Patch_MERGE
+				if p.GetApplyTo() == networkingv1alpha3.EnvoyFilter_CLUSTER && p.GetPatch().GetOperation() == networkingv1alpha3.EnvoyFilter_Patch_ADD {
+					if cl := (&clusterv3.Cluster{}); envoyPatchValue(p, cl) {
+						added[cl.GetName()] = true
+					}
+					continue
+				}
 				switch p.GetApplyTo() {
 				case networkingv1alpha3.EnvoyFilter_CLUSTER:
 					cm := p.GetMatch().GetCluster()
@@ -234,6 +241,7 @@ func CheckIstioSet(name string, objs []*Object) ([]routing.Config, error) {
 				needService("engine_metrics.cluster", host, port)
 			}
 		}
+		checkIstioDiscovery(cfg, added, need, needService, func(f string, a ...any) { fail("%s: %s", where, fmt.Sprintf(f, a...)) })
 	}
 	if nPlugins == 0 {
 		fail("no WasmPlugin")

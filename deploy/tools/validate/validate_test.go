@@ -33,9 +33,9 @@ func TestShippedFiles(t *testing.T) {
 	}
 	t.Logf("%d files, %d documents, %d bootstraps, %d kustomizations", len(res.Files), res.Docs, len(res.Bootstraps), len(res.Kustomizations))
 
-	// The shipped set is what the README promises: three bootstraps, the Istio base and
+	// The shipped set is what the README promises: four bootstraps, the Istio base and
 	// two examples.
-	for _, f := range []string{"deploy/envoy/override-host.yaml", "deploy/envoy/original-dst.yaml", "deploy/envoy/pd.yaml"} {
+	for _, f := range []string{"deploy/envoy/override-host.yaml", "deploy/envoy/original-dst.yaml", "deploy/envoy/pd.yaml", "deploy/envoy/discovery.yaml"} {
 		if len(res.Bootstraps[filepath.Join(root, f)]) != 1 {
 			t.Errorf("%s: want one kvroute plugin configuration, got %d", f, len(res.Bootstraps[filepath.Join(root, f)]))
 		}
@@ -51,13 +51,33 @@ func TestShippedFiles(t *testing.T) {
 		t.Errorf("pd.yaml: want inline vllm P/D through kvroute_prefill and engine metrics through kvroute_metrics, got %+v %+v",
 			pd[0].Disaggregation, pd[0].EngineMetrics)
 	}
+	disc := res.Bootstraps[filepath.Join(root, "deploy/envoy/discovery.yaml")]
+	if len(disc) == 1 && (disc[0].Pools.Decode.Discovery == nil || len(disc[0].Pools.Decode.Endpoints) != 0 ||
+		disc[0].Pools.Decode.Discovery.Cluster != "kvroute_admin" || disc[0].Pools.Decode.Discovery.ServiceCluster != "kvroute_workers") {
+		t.Errorf("discovery.yaml: want the decode pool discovered from kvroute_workers through kvroute_admin, no static endpoint, got %+v", disc[0].Pools.Decode)
+	}
+	// No pod IP in any Istio set: every pool is discovered from the gateway's Envoy.
+	for dir, cfgs := range res.Kustomizations {
+		for _, c := range cfgs {
+			for _, p := range []routing.Pool{c.Pools.Decode, c.Pools.Prefill} {
+				if len(p.Endpoints) != 0 {
+					t.Errorf("%s: static endpoints %+v: discover them", dir, p.Endpoints)
+				}
+			}
+			if d := c.Pools.Decode.Discovery; d == nil || d.Source != routing.DiscoveryEnvoyAdmin || d.Cluster != "prometheus_stats" {
+				t.Errorf("%s: want the decode pool discovered through prometheus_stats, got %+v", dir, d)
+			}
+		}
+	}
 	dp := res.Kustomizations[filepath.Join(root, "istio/examples/vllm-dp")]
-	if len(dp) == 1 && (len(dp[0].Pools.Decode.Endpoints) != 2 || dp[0].Pools.Decode.Endpoints[0].DPSize != 2) {
-		t.Errorf("vllm-dp: the patch must give two endpoints with dp_size 2, got %+v", dp[0].Pools.Decode)
+	if len(dp) == 1 && (dp[0].Pools.Decode.Discovery == nil || dp[0].Pools.Decode.Discovery.DPSize != 2) {
+		t.Errorf("vllm-dp: the patch must give the discovered pods dp_size 2, got %+v", dp[0].Pools.Decode)
 	}
 	ipd := res.Kustomizations[filepath.Join(root, "istio/examples/pd")]
-	if len(ipd) == 1 && (ipd[0].Disaggregation.Mode != routing.ModeVLLM || len(ipd[0].Pools.Prefill.Endpoints) == 0) {
-		t.Errorf("istio pd: want inline vllm P/D with a prefill pool, got %+v", ipd[0].Disaggregation)
+	if len(ipd) == 1 && (ipd[0].Disaggregation.Mode != routing.ModeVLLM || ipd[0].Pools.Prefill.Discovery == nil ||
+		ipd[0].Pools.Prefill.Discovery.ServiceCluster != ipd[0].Disaggregation.PrefillCluster) {
+		t.Errorf("istio pd: want inline vllm P/D with a prefill pool discovered from the prefill cluster, got %+v %+v",
+			ipd[0].Disaggregation, ipd[0].Pools.Prefill)
 	}
 }
 
@@ -120,6 +140,7 @@ func TestBootstrapRefusals(t *testing.T) {
 	const oh = "deploy/envoy/override-host.yaml"
 	const od = "deploy/envoy/original-dst.yaml"
 	const pd = "deploy/envoy/pd.yaml"
+	const dy = "deploy/envoy/discovery.yaml"
 	cases := []struct{ name, file, old, new, want string }{
 		{"unknown top-level field", oh, "static_resources:", "stats_flush_interval_typo: 5s\nstatic_resources:", "unknown field"},
 		{"unknown field inside an Any", oh, "override_host_sources:", "override_host_source:", "unknown field"},
@@ -149,6 +170,12 @@ func TestBootstrapRefusals(t *testing.T) {
 		{"prefill cluster missing", pd, `"prefill_cluster": "kvroute_prefill"`, `"prefill_cluster": "kvroute_prefill2"`, `prefill_cluster "kvroute_prefill2" does not exist`},
 		{"metrics cluster missing", pd, `"cluster": "kvroute_metrics"`, `"cluster": "metrics"`, `engine_metrics.cluster "metrics" does not exist`},
 		{"metrics cluster routed", pd, "                  cluster: kvroute_decode\n", "                  cluster: kvroute_metrics\n", "reachable from a route"},
+		{"discovery admin cluster missing", dy, `"cluster": "kvroute_admin"`, `"cluster": "kvroute_admin2"`, `pools.decode.discovery.cluster "kvroute_admin2" does not exist`},
+		{"discovery admin cluster is not the admin", dy, "              socket_address: {address: 127.0.0.1, port_value: 9901}\n", "              socket_address: {address: 127.0.0.1, port_value: 9902}\n", "must have exactly one host, the admin address 127.0.0.1:9901"},
+		{"discovery admin cluster routed", dy, "                  cluster: kvroute_workers\n", "                  cluster: kvroute_admin\n", `discovery cluster "kvroute_admin" reaches Envoy's admin and a route reaches it`},
+		{"discovery service cluster missing", dy, `"service_cluster": "kvroute_workers"`, `"service_cluster": "workers"`, `service_cluster "workers" does not exist`},
+		{"discovery service cluster without override_host", dy, "- header: x-gateway-destination-endpoint", "- header: x-other", "must honour the destination header with override_host"},
+		{"discovery block refused", dy, `"dp_size": 1,`, `"dp_size": 1, "path": "/x",`, "pools.decode.discovery.path: only for source"},
 		{"prefill endpoint not in the prefill cluster", pd, `"prefill": {"endpoints": [{"address": "127.0.0.1:8001"`, `"prefill": {"endpoints": [{"address": "127.0.0.1:8009"`, "127.0.0.1:8009 is not one of its hosts"},
 	}
 	for _, c := range cases {
@@ -210,7 +237,11 @@ func TestIstioSetRefusals(t *testing.T) {
 		{"fail closed", "base", "base/wasmplugin.yaml", "failStrategy: FAIL_OPEN", "failStrategy: FAIL_CLOSE", "failStrategy must be FAIL_OPEN"},
 		{"plugin config refused", "base", "base/wasmplugin.yaml", "first_turn: round_robin", "first_turn: sticky", "conversation.first_turn"},
 		{"trusted rank header stripped early", "base", "base/wasmplugin.yaml", "    max_body_bytes: 8388608", "    max_body_bytes: 8388608\n    trust_client_dp_rank: true", "trust_client_dp_rank is true, but an early header mutation removes \"x-data-parallel-rank\""},
-		{"pod DNS name", "examples/vllm-dp", "examples/vllm-dp/wasmplugin-patch.yaml", `"10.0.0.11:8000"`, `"vllm-0.vllm:8000"`, "only IP:port"},
+		{"pod DNS name", "examples/vllm-dp", "examples/vllm-dp/wasmplugin-patch.yaml", "          dp_size: 2\n", "          dp_size: 2\n        endpoints:\n        - address: \"vllm-0.vllm:8000\"\n", "only IP:port"},
+		{"discovery through another cluster than the admin's", "base", "base/wasmplugin.yaml", "cluster: prometheus_stats", "cluster: kvroute_admin", `use "prometheus_stats"`},
+		{"discovery service cluster not an Istio cluster", "base", "base/wasmplugin.yaml", `service_cluster: "outbound|8000||vllm.llm.svc.cluster.local"`, `service_cluster: "vllm"`, "service_cluster \"vllm\": in Istio name the service's cluster"},
+		{"discovered service without override_host", "base", "base/wasmplugin.yaml", `service_cluster: "outbound|8000||vllm.llm.svc.cluster.local"`, `service_cluster: "outbound|8000||other.llm.svc.cluster.local"`, "pools.decode.discovery.service_cluster: no EnvoyFilter sets override_host on the cluster of other.llm.svc.cluster.local:8000"},
+		{"discovered prefill service missing", "examples/pd", "examples/pd/wasmplugin-patch.yaml", `service_cluster: "outbound|8000||vllm-prefill.llm.svc.cluster.local"`, `service_cluster: "outbound|8001||vllm-prefill.llm.svc.cluster.local"`, "no Service vllm-prefill.llm with port 8001"},
 		{"routed service without override_host", "examples/vllm-dp", "base/envoyfilter.yaml", "service: vllm.llm.svc.cluster.local", "service: other.llm.svc.cluster.local", "no EnvoyFilter sets override_host on the cluster of vllm.llm.svc.cluster.local:8000"},
 		{"owned header not stripped", "base", "base/envoyfilter.yaml", "              - remove: x-kvroute-decision\n", "", `"x-kvroute-decision"`},
 		{"listener buffer", "base", "base/envoyfilter.yaml", "      value:\n        per_connection_buffer_limit_bytes: 16777216\n  - applyTo: NETWORK_FILTER", "      value:\n        per_connection_buffer_limit_bytes: 1048576\n  - applyTo: NETWORK_FILTER", "listeners' per_connection_buffer_limit_bytes"},
