@@ -58,9 +58,7 @@ func (d *poolDiscovery) endpoints(eps []DiscoveredEndpoint) []Endpoint {
 		if dp == 0 {
 			dp = d.dpSize
 		}
-		// e.DPRankStart is carried through the board; Endpoint gains the field with
-		// the rank numbering (dp_rank_start), and it is copied here.
-		out[i] = Endpoint{Address: e.Address, DPSize: dp}
+		out[i] = Endpoint{Address: e.Address, DPSize: dp, DPRankStart: e.DPRankStart}
 	}
 	return out
 }

@@ -318,6 +318,22 @@ func TestDiscoveredSetReplacesStaticEndpoints(t *testing.T) {
 	assert.Equal(t, []Endpoint{{Address: "10.0.0.1:8000", DPSize: 2}, {Address: "10.0.0.2:8000", DPSize: 1}}, r.Endpoints(false))
 }
 
+func TestDiscoveredEndpointsKeepTheirRankNumbering(t *testing.T) {
+	store, clock := NewMemoryStore(), &fakeClock{ms: 1e6}
+	r := NewRouter(discoveredConfig(t, ``), store, clock.now)
+	require.NoError(t, r.PublishDiscovered(false, []DiscoveredEndpoint{
+		{Address: "10.0.0.1:8000", DPSize: 2, DPRankStart: 4}, {Address: "10.0.0.2:8000"}}))
+	seen := map[string]bool{}
+	for i := 0; i < 12; i++ {
+		d := r.Decide(convRequest(fmt.Sprint("c", i)), NoRank)
+		seen[d.Target.Address+"#"+d.Target.RankText] = true
+		_ = r.Release(d.Ticket)
+	}
+	assert.Equal(t, map[string]bool{"10.0.0.1:8000#4": true, "10.0.0.1:8000#5": true,
+		"10.0.0.2:8000#0": true, "10.0.0.2:8000#1": true}, seen,
+		"a discovered dp_rank_start numbers the rank header as a static one does")
+}
+
 func TestEmptyDiscoveredPoolPassesThrough(t *testing.T) {
 	store, clock := NewMemoryStore(), &fakeClock{ms: 1e6}
 	r := NewRouter(discoveredConfig(t, ``), store, clock.now)
