@@ -28,10 +28,39 @@ import (
 // gateway routes to and of every cluster the plugin calls, remove the owned headers
 // early, and raise the buffers above max_body_bytes.
 func CheckIstioSet(name string, objs []*Object) ([]routing.Config, error) {
-	var errs []error
-	fail := func(f string, a ...any) { errs = append(errs, fmt.Errorf("%s: %s", name, fmt.Sprintf(f, a...))) }
+	set := &istioSet{name: name, objs: objs, services: servicePorts(objs)}
 	var cfgs []routing.Config
-	services := map[string]map[uint32]bool{} // "name.ns" → ports
+	nPlugins := 0
+	for _, o := range objs {
+		if o.WasmPlugin == nil {
+			continue
+		}
+		nPlugins++
+		if cfg, ok := set.checkPlugin(o); ok {
+			cfgs = append(cfgs, cfg)
+		}
+	}
+	if nPlugins == 0 {
+		set.fail("no WasmPlugin")
+	}
+	return cfgs, errors.Join(set.errs...)
+}
+
+// istioSet is one resource set under check and the problems found in it so far.
+type istioSet struct {
+	name     string
+	objs     []*Object
+	services map[string]map[uint32]bool // "name.ns" → ports; empty when the set has no Service
+	errs     []error
+}
+
+func (s *istioSet) fail(f string, a ...any) {
+	s.errs = append(s.errs, fmt.Errorf("%s: %s", s.name, fmt.Sprintf(f, a...)))
+}
+
+// servicePorts indexes the set's Services by "name.namespace".
+func servicePorts(objs []*Object) map[string]map[uint32]bool {
+	services := map[string]map[uint32]bool{}
 	for _, o := range objs {
 		if o.Service != nil {
 			key := o.Meta.Name + "." + o.Meta.Namespace
@@ -41,212 +70,308 @@ func CheckIstioSet(name string, objs []*Object) ([]routing.Config, error) {
 			}
 		}
 	}
-	nPlugins := 0
-	for _, o := range objs {
-		wp := o.WasmPlugin
-		if wp == nil {
+	return services
+}
+
+// pluginCheck is the check of one WasmPlugin against the rest of the set.
+type pluginCheck struct {
+	set   *istioSet
+	where string // "WasmPlugin ns/name", the prefix of every problem
+	cfg   routing.Config
+	mesh  meshPatches
+}
+
+func (p *pluginCheck) fail(f string, a ...any) {
+	p.set.fail("%s: %s", p.where, fmt.Sprintf(f, a...))
+}
+
+// checkPlugin checks one WasmPlugin and what the set provides for it, and returns its
+// parsed config when the config parses.
+func (s *istioSet) checkPlugin(o *Object) (routing.Config, bool) {
+	wp := o.WasmPlugin
+	p := &pluginCheck{set: s, where: fmt.Sprintf("WasmPlugin %s/%s", o.Meta.Namespace, o.Meta.Name)}
+	p.checkPluginFields(wp)
+	target, gateways, ok := pluginTarget(wp.GetSelector(), wp.GetTargetRefs(), o.Meta.Namespace)
+	if !ok {
+		p.fail("set selector or targetRefs (without them the plugin applies to every workload of the namespace)")
+	}
+	cfg, ok := p.parseConfig(wp)
+	if !ok {
+		return routing.Config{}, false
+	}
+	p.cfg = cfg
+	p.checkEndpointAddresses()
+	p.mesh = s.meshPatchesFor(o.Meta.Namespace, target, cfg)
+	p.checkOwnedHeadersRemoved()
+	p.checkBufferLimits()
+	if routes := p.checkRoutedServices(gateways); routes == 0 && len(p.mesh.overrideHost) == 0 {
+		p.fail("no EnvoyFilter sets override_host (reading %s) on any cluster", cfg.Headers.Destination)
+	}
+	p.checkPrefillCluster()
+	p.checkEngineMetricsCluster()
+	checkIstioDiscovery(cfg, p.mesh.addedClusters, p.needOverrideHost, p.needService, p.fail)
+	return cfg, true
+}
+
+// checkPluginFields checks the WasmPlugin's own fields: fail open, an image URL, a phase
+// and the HTTP type.
+func (p *pluginCheck) checkPluginFields(wp *extensionsv1alpha1.WasmPlugin) {
+	if wp.GetFailStrategy() != extensionsv1alpha1.FailStrategy_FAIL_OPEN {
+		p.fail("failStrategy must be FAIL_OPEN")
+	}
+	if u := wp.GetUrl(); !strings.HasPrefix(u, "oci://") && !strings.HasPrefix(u, "https://") && !strings.HasPrefix(u, "file://") {
+		p.fail("url %q: use oci://<registry>/<repository>:<tag> (the image `make image` builds)", u)
+	}
+	if wp.GetPhase() == extensionsv1alpha1.PluginPhase_UNSPECIFIED_PHASE {
+		p.fail("set phase (STATS: after authentication and authorization, before the router)")
+	}
+	if wp.GetType() != extensionsv1alpha1.PluginType_HTTP {
+		p.fail("type must be HTTP")
+	}
+}
+
+// parseConfig parses pluginConfig with kvroute's own parser.
+func (p *pluginCheck) parseConfig(wp *extensionsv1alpha1.WasmPlugin) (routing.Config, bool) {
+	js, err := pluginConfigJSON(wp)
+	if err != nil {
+		p.fail("pluginConfig: %v", err)
+		return routing.Config{}, false
+	}
+	cfg, err := routing.ParseConfig(js)
+	if err != nil {
+		p.fail("pluginConfig: %v", err)
+		return routing.Config{}, false
+	}
+	return cfg, true
+}
+
+// checkEndpointAddresses checks that static endpoints are IP:port, the only form
+// override_host honours.
+func (p *pluginCheck) checkEndpointAddresses() {
+	for _, pool := range []struct {
+		name string
+		pool routing.Pool
+	}{{"pools.decode", p.cfg.Pools.Decode}, {"pools.prefill", p.cfg.Pools.Prefill}} {
+		for i, e := range pool.pool.Endpoints {
+			if _, err := netip.ParseAddrPort(e.Address); err != nil {
+				p.fail("pluginConfig.%s.endpoints[%d].address %q: override_host honours only IP:port (pod IPs)", pool.name, i, e.Address)
+			}
+		}
+	}
+}
+
+// meshPatches is what the EnvoyFilters on a plugin's workloads provide.
+type meshPatches struct {
+	overrideHost     map[string][]string // "host:port" → headers override_host reads there
+	smallClusterBufs []string            // "host:port" of cluster patches whose buffer is <= max_body_bytes
+	removedEarly     map[string]bool     // lower-case headers an early header mutation removes
+	addedClusters    map[string]bool     // names of the clusters EnvoyFilters add
+	listenerBuf      int64               // the listeners' per-connection buffer limit
+}
+
+// meshPatchesFor gathers the MERGE patches (and the clusters ADD patches create) of the EnvoyFilters in namespace ns that
+// attach to the same workloads (target) as the plugin.
+func (s *istioSet) meshPatchesFor(ns, target string, cfg routing.Config) meshPatches {
+	m := meshPatches{
+		overrideHost:  map[string][]string{},
+		removedEarly:  map[string]bool{},
+		addedClusters: map[string]bool{},
+		listenerBuf:   envoyDefaultBufferLimit,
+	}
+	for _, e := range s.objs {
+		ef := e.EnvoyFilter
+		if ef == nil || e.Meta.Namespace != ns {
 			continue
 		}
-		nPlugins++
-		where := fmt.Sprintf("WasmPlugin %s/%s", o.Meta.Namespace, o.Meta.Name)
-		if wp.GetFailStrategy() != extensionsv1alpha1.FailStrategy_FAIL_OPEN {
-			fail("%s: failStrategy must be FAIL_OPEN", where)
+		var sel *typev1beta1.WorkloadSelector
+		if ws := ef.GetWorkloadSelector(); ws != nil {
+			sel = &typev1beta1.WorkloadSelector{MatchLabels: ws.GetLabels()}
 		}
-		if u := wp.GetUrl(); !strings.HasPrefix(u, "oci://") && !strings.HasPrefix(u, "https://") && !strings.HasPrefix(u, "file://") {
-			fail("%s: url %q: use oci://<registry>/<repository>:<tag> (the image `make image` builds)", where, u)
-		}
-		if wp.GetPhase() == extensionsv1alpha1.PluginPhase_UNSPECIFIED_PHASE {
-			fail("%s: set phase (STATS: after authentication and authorization, before the router)", where)
-		}
-		if wp.GetType() != extensionsv1alpha1.PluginType_HTTP {
-			fail("%s: type must be HTTP", where)
-		}
-		target, gateways, ok := pluginTarget(wp.GetSelector(), wp.GetTargetRefs(), o.Meta.Namespace)
-		if !ok {
-			fail("%s: set selector or targetRefs (without them the plugin applies to every workload of the namespace)", where)
-		}
-		js, err := pluginConfigJSON(wp)
-		if err != nil {
-			fail("%s: pluginConfig: %v", where, err)
+		if t, _, _ := pluginTarget(sel, ef.GetTargetRefs(), e.Meta.Namespace); t != target {
 			continue
 		}
-		cfg, err := routing.ParseConfig(js)
-		if err != nil {
-			fail("%s: pluginConfig: %v", where, err)
-			continue
-		}
-		cfgs = append(cfgs, cfg)
-		for _, p := range []struct {
-			name string
-			pool routing.Pool
-		}{{"pools.decode", cfg.Pools.Decode}, {"pools.prefill", cfg.Pools.Prefill}} {
-			for i, e := range p.pool.Endpoints {
-				if _, err := netip.ParseAddrPort(e.Address); err != nil {
-					fail("%s: pluginConfig.%s.endpoints[%d].address %q: override_host honours only IP:port (pod IPs)", where, p.name, i, e.Address)
+		for _, p := range ef.GetConfigPatches() {
+			if p.GetApplyTo() == networkingv1alpha3.EnvoyFilter_CLUSTER && p.GetPatch().GetOperation() == networkingv1alpha3.EnvoyFilter_Patch_ADD {
+				if cl := (&clusterv3.Cluster{}); envoyPatchValue(p, cl) {
+					m.addedClusters[cl.GetName()] = true
+				}
+				continue
+			}
+			if p.GetPatch().GetOperation() != networkingv1alpha3.EnvoyFilter_Patch_MERGE {
+				continue
+			}
+			switch p.GetApplyTo() {
+			case networkingv1alpha3.EnvoyFilter_CLUSTER:
+				m.addClusterPatch(p, cfg)
+			case networkingv1alpha3.EnvoyFilter_LISTENER:
+				l := &listenerv3.Listener{}
+				if envoyPatchValue(p, l) && l.GetPerConnectionBufferLimitBytes() != nil {
+					m.listenerBuf = bufferLimit(l.GetPerConnectionBufferLimitBytes())
+				}
+			case networkingv1alpha3.EnvoyFilter_NETWORK_FILTER:
+				f := &listenerv3.Filter{}
+				if envoyPatchValue(p, f) {
+					m.addEarlyRemovals(f)
 				}
 			}
 		}
+	}
+	return m
+}
 
-		// What the EnvoyFilters on the same workloads provide.
-		ovh := map[string][]string{} // "host:port" → headers override_host reads
-		added := map[string]bool{}   // clusters EnvoyFilters add
-		var clusterBufs []string
-		removed := map[string]bool{}
-		var listenerBuf int64 = envoyDefaultBufferLimit
-		for _, e := range objs {
-			ef := e.EnvoyFilter
-			if ef == nil || e.Meta.Namespace != o.Meta.Namespace {
-				continue
+// addClusterPatch records a cluster patch's override_host headers and a buffer limit
+// too small for max_body_bytes.
+func (m *meshPatches) addClusterPatch(p *networkingv1alpha3.EnvoyFilter_EnvoyConfigObjectPatch, cfg routing.Config) {
+	cm := p.GetMatch().GetCluster()
+	cl := &clusterv3.Cluster{}
+	if cm == nil || !envoyPatchValue(p, cl) {
+		return
+	}
+	key := cm.GetService() + ":" + strconv.Itoa(int(cm.GetPortNumber()))
+	if kind, err := destinationKind(cl, []string{cfg.Headers.Destination, cfg.Headers.PrefillDestination}); err == nil && kind == kindOverrideHost {
+		m.overrideHost[key] = overrideHeaders(cl)
+	}
+	if bufferLimit(cl.GetPerConnectionBufferLimitBytes()) <= cfg.MaxBodyBytes {
+		m.smallClusterBufs = append(m.smallClusterBufs, key)
+	}
+}
+
+// addEarlyRemovals records the headers an HTTP connection manager's early header
+// mutations remove.
+func (m *meshPatches) addEarlyRemovals(f *listenerv3.Filter) {
+	hcm, ok := unpack(f.GetTypedConfig()).(*hcmv3.HttpConnectionManager)
+	if !ok {
+		return
+	}
+	for _, ext := range hcm.GetEarlyHeaderMutationExtensions() {
+		if hm, ok := unpack(ext.GetTypedConfig()).(*headermutationv3.HeaderMutation); ok {
+			for _, mu := range hm.GetMutations() {
+				if r := mu.GetRemove(); r != "" {
+					m.removedEarly[strings.ToLower(r)] = true
+				}
 			}
-			var sel *typev1beta1.WorkloadSelector
-			if ws := ef.GetWorkloadSelector(); ws != nil {
-				sel = &typev1beta1.WorkloadSelector{MatchLabels: ws.GetLabels()}
-			}
-			if t, _, _ := pluginTarget(sel, ef.GetTargetRefs(), e.Meta.Namespace); t != target {
-				continue
-			}
-			for _, p := range ef.GetConfigPatches() {
-				merge := p.GetPatch().GetOperation() == networkingv1alpha3.EnvoyFilter_Patch_MERGE
-				if p.GetApplyTo() == networkingv1alpha3.EnvoyFilter_CLUSTER && p.GetPatch().GetOperation() == networkingv1alpha3.EnvoyFilter_Patch_ADD {
-					if cl := (&clusterv3.Cluster{}); envoyPatchValue(p, cl) {
-						added[cl.GetName()] = true
-					}
+		}
+	}
+}
+
+// checkOwnedHeadersRemoved checks that every header kvroute owns is removed before the
+// plugin runs, so a client cannot steer routing when the plugin is absent.
+func (p *pluginCheck) checkOwnedHeadersRemoved() {
+	for _, h := range OwnedHeaders(p.cfg) {
+		if !p.mesh.removedEarly[h] {
+			p.fail("no EnvoyFilter on the same workloads removes %q with an early header mutation (a client could steer routing when the plugin is absent)", h)
+		}
+	}
+	if err := trustedRankStripped(p.cfg, p.mesh.removedEarly); err != nil {
+		p.fail("%v", err)
+	}
+}
+
+// checkBufferLimits checks that listeners and patched clusters buffer more than
+// max_body_bytes.
+func (p *pluginCheck) checkBufferLimits() {
+	if p.mesh.listenerBuf <= p.cfg.MaxBodyBytes {
+		p.fail("no EnvoyFilter raises the listeners' per_connection_buffer_limit_bytes above max_body_bytes %d (Envoy answers 413 past it)", p.cfg.MaxBodyBytes)
+	}
+	sort.Strings(p.mesh.smallClusterBufs)
+	for _, k := range p.mesh.smallClusterBufs {
+		p.fail("the cluster patch for %s must raise per_connection_buffer_limit_bytes above max_body_bytes %d", k, p.cfg.MaxBodyBytes)
+	}
+}
+
+// checkRoutedServices checks that every Service an HTTPRoute on the plugin's gateways
+// routes to honours the destination header and exists in the set; it returns how many
+// backends it checked.
+func (p *pluginCheck) checkRoutedServices(gateways map[string]bool) int {
+	routes := 0
+	for _, r := range p.set.objs {
+		hr := r.HTTPRoute
+		if hr == nil || !routeAttaches(hr.Spec.ParentRefs, r.Meta.Namespace, gateways) {
+			continue
+		}
+		for _, rule := range hr.Spec.Rules {
+			for _, br := range rule.BackendRefs {
+				if br.Kind != nil && *br.Kind != "Service" {
 					continue
 				}
-				switch p.GetApplyTo() {
-				case networkingv1alpha3.EnvoyFilter_CLUSTER:
-					cm := p.GetMatch().GetCluster()
-					cl := &clusterv3.Cluster{}
-					if !merge || cm == nil || !envoyPatchValue(p, cl) {
-						continue
-					}
-					key := cm.GetService() + ":" + strconv.Itoa(int(cm.GetPortNumber()))
-					if kind, err := destinationKind(cl, []string{cfg.Headers.Destination, cfg.Headers.PrefillDestination}); err == nil && kind == kindOverrideHost {
-						ovh[key] = overrideHeaders(cl)
-					}
-					if bufferLimit(cl.GetPerConnectionBufferLimitBytes()) <= cfg.MaxBodyBytes {
-						clusterBufs = append(clusterBufs, key)
-					}
-				case networkingv1alpha3.EnvoyFilter_LISTENER:
-					l := &listenerv3.Listener{}
-					if merge && envoyPatchValue(p, l) && l.GetPerConnectionBufferLimitBytes() != nil {
-						listenerBuf = bufferLimit(l.GetPerConnectionBufferLimitBytes())
-					}
-				case networkingv1alpha3.EnvoyFilter_NETWORK_FILTER:
-					f := &listenerv3.Filter{}
-					if !merge || !envoyPatchValue(p, f) {
-						continue
-					}
-					if hcm, ok := unpack(f.GetTypedConfig()).(*hcmv3.HttpConnectionManager); ok {
-						for _, ext := range hcm.GetEarlyHeaderMutationExtensions() {
-							if hm, ok := unpack(ext.GetTypedConfig()).(*headermutationv3.HeaderMutation); ok {
-								for _, m := range hm.GetMutations() {
-									if r := m.GetRemove(); r != "" {
-										removed[strings.ToLower(r)] = true
-									}
-								}
-							}
-						}
-					}
+				ns := r.Meta.Namespace
+				if br.Namespace != nil {
+					ns = string(*br.Namespace)
 				}
-			}
-		}
-		for _, h := range OwnedHeaders(cfg) {
-			if !removed[h] {
-				fail("%s: no EnvoyFilter on the same workloads removes %q with an early header mutation (a client could steer routing when the plugin is absent)", where, h)
-			}
-		}
-		if err := trustedRankStripped(cfg, removed); err != nil {
-			fail("%s: %v", where, err)
-		}
-		if listenerBuf <= cfg.MaxBodyBytes {
-			fail("%s: no EnvoyFilter raises the listeners' per_connection_buffer_limit_bytes above max_body_bytes %d (Envoy answers 413 past it)", where, cfg.MaxBodyBytes)
-		}
-		sort.Strings(clusterBufs)
-		for _, k := range clusterBufs {
-			fail("%s: the cluster patch for %s must raise per_connection_buffer_limit_bytes above max_body_bytes %d", where, k, cfg.MaxBodyBytes)
-		}
-		need := func(what, host string, port uint32, headers ...string) {
-			key := host + ":" + strconv.Itoa(int(port))
-			got, ok := ovh[key]
-			if !ok {
-				fail("%s: %s: no EnvoyFilter sets override_host on the cluster of %s", where, what, key)
-				return
-			}
-			for _, h := range got {
-				for _, w := range headers {
-					if h == w {
-						return
-					}
+				var port uint32
+				if br.Port != nil {
+					port = uint32(*br.Port)
 				}
-			}
-			fail("%s: %s: override_host on %s reads %v, kvroute writes %q", where, what, key, got, headers[0])
-		}
-		needService := func(what, host string, port uint32) {
-			if len(services) == 0 {
-				return
-			}
-			svc := strings.TrimSuffix(host, ".svc.cluster.local")
-			if ports, ok := services[svc]; !ok || !ports[port] {
-				fail("%s: %s: no Service %s with port %d in this set", where, what, svc, port)
+				host := string(br.Name) + "." + ns + ".svc.cluster.local"
+				what := fmt.Sprintf("HTTPRoute %s backend %s", r.Meta.Name, br.Name)
+				p.needOverrideHost(what, host, port, p.cfg.Headers.Destination)
+				p.needService(what, host, port)
+				routes++
 			}
 		}
+	}
+	return routes
+}
 
-		// Every service the gateway routes to honours the destination.
-		routes := 0
-		for _, r := range objs {
-			hr := r.HTTPRoute
-			if hr == nil || !routeAttaches(hr.Spec.ParentRefs, r.Meta.Namespace, gateways) {
-				continue
-			}
-			for _, rule := range hr.Spec.Rules {
-				for _, br := range rule.BackendRefs {
-					if br.Kind != nil && *br.Kind != "Service" {
-						continue
-					}
-					ns := r.Meta.Namespace
-					if br.Namespace != nil {
-						ns = string(*br.Namespace)
-					}
-					var port uint32
-					if br.Port != nil {
-						port = uint32(*br.Port)
-					}
-					host := string(br.Name) + "." + ns + ".svc.cluster.local"
-					what := fmt.Sprintf("HTTPRoute %s backend %s", r.Meta.Name, br.Name)
-					need(what, host, port, cfg.Headers.Destination)
-					needService(what, host, port)
-					routes++
-				}
-			}
-		}
-		if routes == 0 && len(ovh) == 0 {
-			fail("%s: no EnvoyFilter sets override_host (reading %s) on any cluster", where, cfg.Headers.Destination)
-		}
-		if m := cfg.Disaggregation.Mode; m == routing.ModeVLLM || m == routing.ModeTRTLLM || m == routing.ModeSGLang {
-			host, port, ok := istioCluster(cfg.Disaggregation.PrefillCluster)
-			if !ok {
-				fail("%s: disaggregation.prefill_cluster %q: in Istio name the service's cluster, outbound|<port>||<host>", where, cfg.Disaggregation.PrefillCluster)
-			} else {
-				need("disaggregation.prefill_cluster", host, port, cfg.Headers.Destination, cfg.Headers.PrefillDestination)
-				needService("disaggregation.prefill_cluster", host, port)
-			}
-		}
-		if cfg.EngineMetrics.Enabled {
-			host, port, ok := istioCluster(cfg.EngineMetrics.Cluster)
-			if !ok {
-				fail("%s: engine_metrics.cluster %q: in Istio name the service's cluster, outbound|<port>||<host>", where, cfg.EngineMetrics.Cluster)
-			} else {
-				need("engine_metrics.cluster", host, port, cfg.Headers.Destination)
-				needService("engine_metrics.cluster", host, port)
-			}
-		}
-		checkIstioDiscovery(cfg, added, need, needService, func(f string, a ...any) { fail("%s: %s", where, fmt.Sprintf(f, a...)) })
+// checkPrefillCluster checks the cluster the plugin sends prefill legs to in the inline
+// P/D modes.
+func (p *pluginCheck) checkPrefillCluster() {
+	m := p.cfg.Disaggregation.Mode
+	if m != routing.ModeVLLM && m != routing.ModeTRTLLM && m != routing.ModeSGLang {
+		return
 	}
-	if nPlugins == 0 {
-		fail("no WasmPlugin")
+	host, port, ok := istioCluster(p.cfg.Disaggregation.PrefillCluster)
+	if !ok {
+		p.fail("disaggregation.prefill_cluster %q: in Istio name the service's cluster, outbound|<port>||<host>", p.cfg.Disaggregation.PrefillCluster)
+		return
 	}
-	return cfgs, errors.Join(errs...)
+	p.needOverrideHost("disaggregation.prefill_cluster", host, port, p.cfg.Headers.Destination, p.cfg.Headers.PrefillDestination)
+	p.needService("disaggregation.prefill_cluster", host, port)
+}
+
+// checkEngineMetricsCluster checks the cluster the plugin scrapes engine metrics through.
+func (p *pluginCheck) checkEngineMetricsCluster() {
+	if !p.cfg.EngineMetrics.Enabled {
+		return
+	}
+	host, port, ok := istioCluster(p.cfg.EngineMetrics.Cluster)
+	if !ok {
+		p.fail("engine_metrics.cluster %q: in Istio name the service's cluster, outbound|<port>||<host>", p.cfg.EngineMetrics.Cluster)
+		return
+	}
+	p.needOverrideHost("engine_metrics.cluster", host, port, p.cfg.Headers.Destination)
+	p.needService("engine_metrics.cluster", host, port)
+}
+
+// needOverrideHost checks that the cluster of host:port has override_host reading one of
+// headers (the first is the one kvroute writes).
+func (p *pluginCheck) needOverrideHost(what, host string, port uint32, headers ...string) {
+	key := host + ":" + strconv.Itoa(int(port))
+	got, ok := p.mesh.overrideHost[key]
+	if !ok {
+		p.fail("%s: no EnvoyFilter sets override_host on the cluster of %s", what, key)
+		return
+	}
+	for _, h := range got {
+		for _, w := range headers {
+			if h == w {
+				return
+			}
+		}
+	}
+	p.fail("%s: override_host on %s reads %v, kvroute writes %q", what, key, got, headers[0])
+}
+
+// needService checks that the set has a Service with host's name and port, when the set
+// has Services at all.
+func (p *pluginCheck) needService(what, host string, port uint32) {
+	if len(p.set.services) == 0 {
+		return
+	}
+	svc := strings.TrimSuffix(host, ".svc.cluster.local")
+	if ports, ok := p.set.services[svc]; !ok || !ports[port] {
+		p.fail("%s: no Service %s with port %d in this set", what, svc, port)
+	}
 }
 
 // pluginTarget names the workloads a policy attaches to, and the gateways among them
