@@ -12,7 +12,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,35 +25,6 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-var (
-	vmsOnce sync.Once
-	vms     = map[string]proxytest.WasmVMContext{}
-	vmsErr  error
-)
-
-// vm returns the compiled module build/<name>.wasm, compiled once per test binary.
-func vm(tb testing.TB, name string) types.VMContext {
-	vmsOnce.Do(func() {
-		for _, n := range []string{"kvroute", "floor"} {
-			bin, err := os.ReadFile("../build/" + n + ".wasm")
-			if err != nil {
-				vmsErr = fmt.Errorf("%v (run `make bench`, which builds both modules)", err)
-				return
-			}
-			v, err := proxytest.NewWasmVMContext(bin)
-			if err != nil {
-				vmsErr = err
-				return
-			}
-			vms[n] = v
-		}
-	})
-	if vmsErr != nil {
-		tb.Fatal(vmsErr)
-	}
-	return vms[name]
-}
-
 // emulator is one started plugin; close it before starting another (the emulator
 // holds a process-wide lock).
 type emulator struct {
@@ -64,18 +34,13 @@ type emulator struct {
 	ends     *emulatorext.StreamEnds
 }
 
-func start(tb testing.TB, name, config string) *emulator {
-	return startOn(tb, vm(tb, name), config)
-}
-
 // startOn starts a plugin with config on an already compiled module.
 func startOn(tb testing.TB, v types.VMContext, config string) *emulator {
-	name := "the plugin"
 	h, reset := proxytest.NewHostEmulator(proxytest.NewEmulatorOption().
 		WithVMContext(v).WithPluginConfiguration([]byte(config)))
 	if h.StartVM() != types.OnVMStartStatusOK || h.StartPlugin() != types.OnPluginStartStatusOK {
 		reset()
-		tb.Fatalf("%s refused its config: %v", name, h.GetCriticalLogs())
+		tb.Fatalf("the plugin refused its config: %v", h.GetCriticalLogs())
 	}
 	// Envoy deletes each finished stream's context; the emulator does not, which
 	// would leave every request's context on the guest's heap for its GC to walk.

@@ -27,9 +27,6 @@ func isCheckpoint(k int) bool {
 	return k&(1<<(l-3)-1) == 0
 }
 
-// level is the octave of block count k: floor(log2 k).
-func level(k int) int { return bits.Len(uint(k)) - 1 }
-
 // HashCheckpoints hashes prompt in blocks of blockBytes as one chain seeded with the
 // model name, in one pass and without allocating beyond dst, and returns the
 // checkpoints (grid points, plus the last full block) and the number of full blocks.

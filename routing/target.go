@@ -30,9 +30,8 @@ func TargetID(address string, rank int) uint64 {
 // PoolTargets lists a pool's targets endpoint-first — e0r0, e1r0, e2r0, …, e0r1, e1r1,
 // … — so that walking it in order puts consecutive choices on different machines.
 type PoolTargets struct {
-	Targets   []Target
-	Endpoints []string
-	byID      targetIndex
+	Targets []Target
+	byID    targetIndex
 }
 
 // NewPoolTargets expands a pool's endpoints into targets.
@@ -40,7 +39,6 @@ func NewPoolTargets(p Pool) *PoolTargets {
 	pt := &PoolTargets{}
 	maxDP := 0
 	for _, e := range p.Endpoints {
-		pt.Endpoints = append(pt.Endpoints, e.Address)
 		if e.DPSize > maxDP {
 			maxDP = e.DPSize
 		}
