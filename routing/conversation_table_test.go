@@ -10,7 +10,7 @@ import (
 )
 
 func TestConversationTableRecordsAndFinds(t *testing.T) {
-	tab := NewConversationTable(NewMemoryStore(), "ns", "decode", 1000, 8)
+	tab := NewConversationTable(newMemoryStore(), "ns", "decode", 1000, 8)
 	for i := 0; i < 500; i++ {
 		require.NoError(t, tab.Record(uint64(i)*0x9e3779b97f4a7c15, uint64(i)))
 	}
@@ -26,7 +26,7 @@ func TestConversationTableRecordsAndFinds(t *testing.T) {
 }
 
 func TestConversationTableIsBoundedUnder100kIDs(t *testing.T) {
-	store := NewMemoryStore()
+	store := newMemoryStore()
 	const maxSessions = 4096
 	tab := NewConversationTable(store, "kvroute", "decode", maxSessions, 8)
 	for i := 0; i < 100_000; i++ {
@@ -53,7 +53,7 @@ func TestConversationTableIsBoundedUnder100kIDs(t *testing.T) {
 
 func TestConversationTableEvictsLeastRecentlyUsed(t *testing.T) {
 	// One bucket of 16: touching an old entry saves it from eviction.
-	tab := NewConversationTable(NewMemoryStore(), "ns", "decode", conversationBucketSize, 8)
+	tab := NewConversationTable(newMemoryStore(), "ns", "decode", conversationBucketSize, 8)
 	for i := 0; i < conversationBucketSize; i++ {
 		require.NoError(t, tab.Record(uint64(i+1), 100))
 	}
@@ -68,7 +68,7 @@ func TestConversationTableEvictsLeastRecentlyUsed(t *testing.T) {
 }
 
 func TestConversationTableStartsAfreshOnUnknownFormat(t *testing.T) {
-	store := NewMemoryStore()
+	store := newMemoryStore()
 	tab := NewConversationTable(store, "ns", "decode", 16, 8)
 	require.NoError(t, store.Set(tab.key(7), []byte{99, 1, 2, 3}, 0))
 	_, ok, err := tab.Lookup(7)

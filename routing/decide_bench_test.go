@@ -12,7 +12,7 @@ import (
 // Run it in wasm too: GOOS=wasip1 GOARCH=wasm go test -c, then any WASI runtime.
 func BenchmarkRequestPath(b *testing.B) {
 	cfg := testConfig(b, "")
-	r := NewRouter(cfg, NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(1))
 	var bodies [][]byte
 	for i := 0; i < 32; i++ {

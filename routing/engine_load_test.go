@@ -10,7 +10,7 @@ import (
 func TestEngineFiguresRaiseLoadWhileFresh(t *testing.T) {
 	clock := &fakeClock{ms: 1_000_000}
 	cfg := testConfig(t, `,"engine_metrics":{"enabled":true,"interval_ms":1000,"stale_ms":5000}`)
-	store := NewMemoryStore()
+	store := newMemoryStore()
 	r := NewRouter(cfg, store, clock.now)
 	// Another gateway replica's traffic: the engine on 10.0.0.1 runs 30 requests.
 	require.NoError(t, r.PublishEngineFigures(false, "10.0.0.1:8000", map[int]EngineFigures{0: {Running: 20, Waiting: 10}}))
@@ -43,7 +43,7 @@ func TestEngineFiguresRaiseLoadWhileFresh(t *testing.T) {
 func TestEngineFiguresPerDPRank(t *testing.T) {
 	cfg, err := ParseConfig([]byte(`{"engine_metrics":{"enabled":true},"pools":{"decode":{"endpoints":[{"address":"a:1","dp_size":2},{"address":"b:1"}]}}}`))
 	require.NoError(t, err)
-	r := NewRouter(&cfg, NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(&cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	require.NoError(t, r.PublishEngineFigures(false, "a:1", map[int]EngineFigures{0: {Running: 50}, 1: {Running: 0}, 7: {Running: 99}}))
 	for i := 0; i < 20; i++ {
 		d := r.Decide(&Request{Tokens: 10, Identity: uint64(i)}, NoRank)
@@ -53,7 +53,7 @@ func TestEngineFiguresPerDPRank(t *testing.T) {
 }
 
 func TestEngineFiguresIgnoredWhenDisabled(t *testing.T) {
-	r := NewRouter(testConfig(t, ""), NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	require.NoError(t, r.PublishEngineFigures(false, "10.0.0.1:8000", map[int]EngineFigures{0: {Running: 100}}))
 	seen := map[string]bool{}
 	for i := 0; i < 30; i++ {

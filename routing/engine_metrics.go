@@ -164,7 +164,7 @@ func ParseEngineMetrics(flavor string, text []byte, dpSize, dpRankStart int) (ma
 		dpSize = 1
 	}
 	groups := map[engineGroupKey]*engineGroup{}
-	err := ScanPrometheus(text, func(name []byte, labels Labels, v float64) bool {
+	err := scanPrometheus(text, func(name []byte, labels promLabels, v float64) bool {
 		var field int
 		switch string(name) {
 		case names.running:

@@ -34,7 +34,7 @@ type faultStore struct {
 	calls, gets, sets, failures int
 }
 
-func newFaultStore() *faultStore { return &faultStore{inner: NewMemoryStore()} }
+func newFaultStore() *faultStore { return &faultStore{inner: newMemoryStore()} }
 
 func (f *faultStore) Get(key string) ([]byte, uint32, error) {
 	f.mu.Lock()

@@ -35,7 +35,7 @@ func BenchmarkHashCheckpoints(b *testing.B) {
 func BenchmarkPrefixIndexRequest(b *testing.B) {
 	for _, size := range promptSizes {
 		b.Run(size.name, func(b *testing.B) {
-			cs := &countingStore{Store: NewMemoryStore()}
+			cs := &countingStore{Store: newMemoryStore()}
 			x := NewPrefixIndex(cs, "ns", "decode", 262144, 8)
 			rng := rand.New(rand.NewSource(2))
 			convs := make([][]byte, 64)

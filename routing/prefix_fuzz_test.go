@@ -17,7 +17,7 @@ func FuzzPrefixIndex(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, bs uint8) {
 		blockBytes := int(bs%16) + 1
 		prompts := bytes.SplitN(data, []byte{0xff}, 8)
-		x := NewPrefixIndex(NewMemoryStore(), "ns", "decode", 1<<14, 8)
+		x := NewPrefixIndex(newMemoryStore(), "ns", "decode", 1<<14, 8)
 		all := func(uint32) bool { return true }
 		var recorded [][]byte
 		var targets []uint32

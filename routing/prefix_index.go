@@ -36,8 +36,8 @@ func NewPrefixIndex(s Store, namespace, pool string, capacityBlocks, retries int
 	}
 }
 
-// PrefixMatch says how many leading blocks of a prompt a target holds.
-type PrefixMatch struct {
+// prefixMatch says how many leading blocks of a prompt a target holds.
+type prefixMatch struct {
 	Target uint32 // low 32 bits of the target id
 	Blocks int
 }
@@ -49,7 +49,7 @@ const maxMatchRounds = 4
 // Match returns the matched block count of each target that holds a prefix of the
 // prompt. known says whether a 32-bit target id is one the pool still has; others are
 // ignored. The result is valid until the next Match.
-func (x *PrefixIndex) Match(cps []Checkpoint, known func(uint32) bool) []PrefixMatch {
+func (x *PrefixIndex) Match(cps []Checkpoint, known func(uint32) bool) []prefixMatch {
 	m := x.StartMatch(cps, known)
 	for m.Next() {
 	}
@@ -70,7 +70,7 @@ type PrefixSearch struct {
 	known  func(uint32) bool
 	hi     int // search checkpoints [0, hi)
 	rounds int
-	found  []PrefixMatch
+	found  []prefixMatch
 	// known and "found already" are asked of the same few ids at every probe: their
 	// answers are kept here rather than asked through a closure each time (costly in
 	// wasm). state: 1 fresh, -1 unknown or found.
@@ -80,7 +80,7 @@ type PrefixSearch struct {
 }
 
 // Found is every match found so far, deepest first.
-func (m *PrefixSearch) Found() []PrefixMatch { return m.found }
+func (m *PrefixSearch) Found() []prefixMatch { return m.found }
 
 // Done reports whether further rounds can find nothing more.
 func (m *PrefixSearch) Done() bool { return m.rounds >= maxMatchRounds || m.hi <= 0 }
@@ -148,7 +148,7 @@ func (m *PrefixSearch) Next() bool {
 	}
 	for _, t := range topEntry.targets {
 		if t != 0 && m.fresh(t) {
-			m.found = append(m.found, PrefixMatch{Target: t, Blocks: m.cps[top].Pos})
+			m.found = append(m.found, prefixMatch{Target: t, Blocks: m.cps[top].Pos})
 			m.markFound(t)
 		}
 	}

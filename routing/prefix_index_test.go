@@ -110,7 +110,7 @@ func compareWithExact(t *testing.T, rng *rand.Rand, next func() []byte, n int) (
 	const blockBytes = 8
 	targets := []uint32{11, 22, 33, 44}
 	known := func(t uint32) bool { return t == 11 || t == 22 || t == 33 || t == 44 }
-	x := NewPrefixIndex(NewMemoryStore(), "ns", "decode", 1<<20, 8)
+	x := NewPrefixIndex(newMemoryStore(), "ns", "decode", 1<<20, 8)
 	exact := &exactIndex{}
 	for i := 0; i < n; i++ {
 		p := next()
@@ -224,7 +224,7 @@ func (c *countingStore) Set(k string, v []byte, cas uint32) error {
 func TestPrefixIndexCostsNoHostCallPerRequest(t *testing.T) {
 	for _, blocks := range []int{64, 1024, 16384} {
 		t.Run(fmt.Sprint(blocks), func(t *testing.T) {
-			cs := &countingStore{Store: NewMemoryStore()}
+			cs := &countingStore{Store: newMemoryStore()}
 			x := NewPrefixIndex(cs, "ns", "decode", 1<<20, 8)
 			p := make([]byte, blocks*8)
 			rand.New(rand.NewSource(int64(blocks))).Read(p)
@@ -258,7 +258,7 @@ func bitsLen(n int) int {
 }
 
 func TestPrefixIndexIsBounded(t *testing.T) {
-	ms := NewMemoryStore()
+	ms := newMemoryStore()
 	x := NewPrefixIndex(ms, "ns", "decode", 4096, 8)
 	rng := rand.New(rand.NewSource(7))
 	for i := 0; i < 3000; i++ {
@@ -285,7 +285,7 @@ func TestPrefixIndexIsBounded(t *testing.T) {
 }
 
 func TestPrefixIndexKeepsMostRecentTargets(t *testing.T) {
-	x := NewPrefixIndex(NewMemoryStore(), "ns", "decode", 1024, 8)
+	x := NewPrefixIndex(newMemoryStore(), "ns", "decode", 1024, 8)
 	p := make([]byte, 8*40)
 	cps, _ := HashCheckpoints("m", p, 8, nil)
 	for tg := uint64(1); tg <= 6; tg++ {
@@ -301,7 +301,7 @@ func TestPrefixIndexKeepsMostRecentTargets(t *testing.T) {
 }
 
 func TestPrefixIndexIsSharedBetweenVMsOnTheTick(t *testing.T) {
-	store := NewMemoryStore()
+	store := newMemoryStore()
 	a := NewPrefixIndex(store, "ns", "decode", 4096, 8)
 	b := NewPrefixIndex(store, "ns", "decode", 4096, 8)
 	all := func(uint32) bool { return true }
@@ -316,7 +316,7 @@ func TestPrefixIndexIsSharedBetweenVMsOnTheTick(t *testing.T) {
 	require.NoError(t, b.Sync(1200))
 	got := b.Match(cps, all)
 	require.Len(t, got, 1)
-	assert.Equal(t, PrefixMatch{Target: 7, Blocks: 100}, got[0])
+	assert.Equal(t, prefixMatch{Target: 7, Blocks: 100}, got[0])
 	// b's records flow back to a.
 	b.Record(cps, 9)
 	require.NoError(t, b.Sync(1300))
@@ -332,7 +332,7 @@ func TestPrefixIndexIsSharedBetweenVMsOnTheTick(t *testing.T) {
 }
 
 func TestPrefixJournalSurvivesFallingBehindAndGarbage(t *testing.T) {
-	store := NewMemoryStore()
+	store := newMemoryStore()
 	a := NewPrefixIndex(store, "ns", "decode", 1<<16, 8)
 	b := NewPrefixIndex(store, "ns", "decode", 1<<16, 8)
 	all := func(uint32) bool { return true }
@@ -356,7 +356,7 @@ func TestPrefixJournalSurvivesFallingBehindAndGarbage(t *testing.T) {
 }
 
 func TestPrefixJournalWithEverySlotTakenSharesNothing(t *testing.T) {
-	store := NewMemoryStore()
+	store := newMemoryStore()
 	var idx []*PrefixIndex
 	for i := 0; i < journalSlots; i++ {
 		x := NewPrefixIndex(store, "ns", "decode", 1024, 8)

@@ -25,30 +25,30 @@ import (
 // `go get` of it raises go.mod to go 1.26 and golang.org/x/sys. This reader adds about
 // 14 KB (ParseEngineMetrics on top of it about 40 KB) to the same build.
 
-// ErrPromText is wrapped by every error ScanPrometheus returns.
+// ErrPromText is wrapped by every error scanPrometheus returns.
 var ErrPromText = errors.New("kvroute: malformed prometheus text")
 
-// PromTextError names the line (1-based) that could not be read, and why.
-type PromTextError struct {
+// promTextError names the line (1-based) that could not be read, and why.
+type promTextError struct {
 	Line   int
 	Reason string
 }
 
-func (e *PromTextError) Error() string {
+func (e *promTextError) Error() string {
 	return "kvroute: malformed prometheus text, line " + strconv.Itoa(e.Line) + ": " + e.Reason
 }
 
-func (e *PromTextError) Unwrap() error { return ErrPromText }
+func (e *promTextError) Unwrap() error { return ErrPromText }
 
-// Labels is a view of one sample's label block, the text between its braces, already
+// promLabels is a view of one sample's label block, the text between its braces, already
 // checked to be well formed. It holds no copy and allocates nothing; it is valid only
-// during the ScanPrometheus callback that received it.
-type Labels struct {
+// during the scanPrometheus callback that received it.
+type promLabels struct {
 	raw []byte
 }
 
 // Len is the number of labels.
-func (l Labels) Len() int {
+func (l promLabels) Len() int {
 	n := 0
 	l.each(func(_, _ []byte, _ bool) bool { n++; return true })
 	return n
@@ -57,7 +57,7 @@ func (l Labels) Len() int {
 // Get returns the unescaped value of the label called name. A value without escapes
 // is returned as a view of the scanned text, not a copy: it is valid while that text
 // is unchanged (strings.Clone it to keep it longer). A value with escapes is copied.
-func (l Labels) Get(name string) (string, bool) {
+func (l promLabels) Get(name string) (string, bool) {
 	v, esc, ok := l.lookup(name)
 	if !ok {
 		return "", false
@@ -82,7 +82,7 @@ func (l Labels) Get(name string) (string, bool) {
 
 // Int returns the label's value as a non-negative decimal int (at most 9 digits), without
 // allocating. ok is false when the label is absent or is not such a number.
-func (l Labels) Int(name string) (n int, ok bool) {
+func (l promLabels) Int(name string) (n int, ok bool) {
 	v, esc, found := l.lookup(name)
 	if !found || esc || len(v) == 0 || len(v) > 9 {
 		return 0, false
@@ -97,14 +97,14 @@ func (l Labels) Int(name string) (n int, ok bool) {
 }
 
 // Has reports whether the label is present.
-func (l Labels) Has(name string) bool {
+func (l promLabels) Has(name string) bool {
 	_, _, ok := l.lookup(name)
 	return ok
 }
 
 // hash is an FNV-1a hash of the label's unescaped value (0 when absent), so samples can
 // be grouped by a label's value without copying it.
-func (l Labels) hash(name string) uint64 {
+func (l promLabels) hash(name string) uint64 {
 	v, _, ok := l.lookup(name)
 	if !ok {
 		return 0
@@ -123,7 +123,7 @@ func (l Labels) hash(name string) uint64 {
 }
 
 // lookup finds the first label called name and returns its raw (still escaped) value.
-func (l Labels) lookup(name string) (value []byte, escaped, ok bool) {
+func (l promLabels) lookup(name string) (value []byte, escaped, ok bool) {
 	l.each(func(n, v []byte, esc bool) bool {
 		if string(n) == name {
 			value, escaped, ok = v, esc, true
@@ -135,7 +135,7 @@ func (l Labels) lookup(name string) (value []byte, escaped, ok bool) {
 }
 
 // each walks a label block that scanLabels has already validated.
-func (l Labels) each(fn func(name, value []byte, escaped bool) bool) {
+func (l promLabels) each(fn func(name, value []byte, escaped bool) bool) {
 	b := l.raw
 	i := 0
 	for {
@@ -196,11 +196,11 @@ func isLabelNameByte(c byte, notFirst bool) bool {
 		(notFirst && c >= '0' && c <= '9')
 }
 
-// ScanPrometheus reads text and calls fn for every sample in order; fn returns false to
+// scanPrometheus reads text and calls fn for every sample in order; fn returns false to
 // stop early. name and labels are views of text, valid only during the call. It
-// returns nil at the end of the text (or when fn stops it), and a *PromTextError
+// returns nil at the end of the text (or when fn stops it), and a *promTextError
 // (wrapping ErrPromText) at the first line it cannot read. It never panics.
-func ScanPrometheus(text []byte, fn func(name []byte, labels Labels, value float64) bool) error {
+func scanPrometheus(text []byte, fn func(name []byte, labels promLabels, value float64) bool) error {
 	line := 0
 	for len(text) > 0 {
 		line++
@@ -219,7 +219,7 @@ func ScanPrometheus(text []byte, fn func(name []byte, labels Labels, value float
 		}
 		name, labels, value, reason := parseSample(l, i)
 		if reason != "" {
-			return &PromTextError{Line: line, Reason: reason}
+			return &promTextError{Line: line, Reason: reason}
 		}
 		if !fn(name, labels, value) {
 			return nil
@@ -238,25 +238,25 @@ func indexByte(b []byte, c byte) int {
 }
 
 // parseSample reads one sample line from position i (its first non-blank byte).
-func parseSample(l []byte, i int) (name []byte, labels Labels, value float64, reason string) {
+func parseSample(l []byte, i int) (name []byte, labels promLabels, value float64, reason string) {
 	start := i
 	for i < len(l) && isMetricNameByte(l[i], i > start) {
 		i++
 	}
 	if i == start {
-		return nil, Labels{}, 0, "a sample must start with a metric name"
+		return nil, promLabels{}, 0, "a sample must start with a metric name"
 	}
 	name = l[start:i]
 	if i < len(l) && l[i] != ' ' && l[i] != '\t' && l[i] != '{' {
-		return nil, Labels{}, 0, "invalid character in metric name"
+		return nil, promLabels{}, 0, "invalid character in metric name"
 	}
 	i = skipBlanks(l, i)
 	if i < len(l) && l[i] == '{' {
 		end, r := scanLabels(l, i+1)
 		if r != "" {
-			return nil, Labels{}, 0, r
+			return nil, promLabels{}, 0, r
 		}
-		labels = Labels{raw: l[i+1 : end]}
+		labels = promLabels{raw: l[i+1 : end]}
 		i = skipBlanks(l, end+1)
 	}
 	vs := i
@@ -264,11 +264,11 @@ func parseSample(l []byte, i int) (name []byte, labels Labels, value float64, re
 		i++
 	}
 	if i == vs {
-		return nil, Labels{}, 0, "missing value"
+		return nil, promLabels{}, 0, "missing value"
 	}
 	v, err := strconv.ParseFloat(string(l[vs:i]), 64)
 	if err != nil && !isRangeError(err) {
-		return nil, Labels{}, 0, "value is not a number"
+		return nil, promLabels{}, 0, "value is not a number"
 	}
 	i = skipBlanks(l, i)
 	if i < len(l) {
@@ -281,10 +281,10 @@ func parseSample(l []byte, i int) (name []byte, labels Labels, value float64, re
 			i++
 		}
 		if i == ds || i-ts > 20 {
-			return nil, Labels{}, 0, "timestamp is not an integer"
+			return nil, promLabels{}, 0, "timestamp is not an integer"
 		}
 		if skipBlanks(l, i) != len(l) {
-			return nil, Labels{}, 0, "unexpected text after the timestamp"
+			return nil, promLabels{}, 0, "unexpected text after the timestamp"
 		}
 	}
 	return name, labels, v, ""

@@ -23,7 +23,7 @@ type promSample struct {
 func scanAll(t testing.TB, text string) ([]promSample, error) {
 	t.Helper()
 	var out []promSample
-	err := ScanPrometheus([]byte(text), func(name []byte, l Labels, v float64) bool {
+	err := scanPrometheus([]byte(text), func(name []byte, l promLabels, v float64) bool {
 		s := promSample{name: string(name), labels: map[string]string{}, value: v}
 		l.each(func(n, _ []byte, _ bool) bool {
 			val, ok := l.Get(string(n))
@@ -92,8 +92,8 @@ func TestPromScanSamples(t *testing.T) {
 
 func TestPromLabelsAccessors(t *testing.T) {
 	var seen int
-	err := ScanPrometheus([]byte(`m{engine="3",model_name="a\"b",big="1234567890",neg="-1",empty="",dup="1",dup="2"} 1`),
-		func(_ []byte, l Labels, _ float64) bool {
+	err := scanPrometheus([]byte(`m{engine="3",model_name="a\"b",big="1234567890",neg="-1",empty="",dup="1",dup="2"} 1`),
+		func(_ []byte, l promLabels, _ float64) bool {
 			seen++
 			n, ok := l.Int("engine")
 			require.True(t, ok)
@@ -115,7 +115,7 @@ func TestPromLabelsAccessors(t *testing.T) {
 			require.True(t, l.Has("empty"))
 			require.False(t, l.Has("engin"))
 			require.Equal(t, 7, l.Len())
-			require.Equal(t, l.hash("model_name"), Labels{raw: []byte(`model_name="a\"b"`)}.hash("model_name"))
+			require.Equal(t, l.hash("model_name"), promLabels{raw: []byte(`model_name="a\"b"`)}.hash("model_name"))
 			require.NotEqual(t, l.hash("model_name"), l.hash("engine"))
 			return true
 		})
@@ -125,7 +125,7 @@ func TestPromLabelsAccessors(t *testing.T) {
 
 func TestPromScanStopsEarly(t *testing.T) {
 	n := 0
-	err := ScanPrometheus([]byte("a 1\nb 2\nthis is not a sample\n"), func([]byte, Labels, float64) bool {
+	err := scanPrometheus([]byte("a 1\nb 2\nthis is not a sample\n"), func([]byte, promLabels, float64) bool {
 		n++
 		return n < 2
 	})
@@ -161,17 +161,17 @@ func TestPromScanMalformed(t *testing.T) {
 	}
 	for what, text := range cases {
 		t.Run(what, func(t *testing.T) {
-			err := ScanPrometheus([]byte(text), func([]byte, Labels, float64) bool { return true })
+			err := scanPrometheus([]byte(text), func([]byte, promLabels, float64) bool { return true })
 			require.Error(t, err)
 			require.True(t, errors.Is(err, ErrPromText))
-			var pe *PromTextError
+			var pe *promTextError
 			require.True(t, errors.As(err, &pe))
 			require.Positive(t, pe.Line)
 			require.Contains(t, err.Error(), "line")
 		})
 	}
-	var pe *PromTextError
-	err := ScanPrometheus([]byte("# c\n\nok 1\nbad{\n"), func([]byte, Labels, float64) bool { return true })
+	var pe *promTextError
+	err := scanPrometheus([]byte("# c\n\nok 1\nbad{\n"), func([]byte, promLabels, float64) bool { return true })
 	require.True(t, errors.As(err, &pe))
 	require.Equal(t, 4, pe.Line)
 }
@@ -198,7 +198,7 @@ func TestPromScanAllocs(t *testing.T) {
 	text := bytes.Repeat([]byte("vllm:num_requests_running{engine=\"1\",model_name=\"qwen\"} 5.0 1700000000000\n"), 64)
 	var sum float64
 	allocs := testing.AllocsPerRun(20, func() {
-		_ = ScanPrometheus(text, func(name []byte, l Labels, v float64) bool {
+		_ = scanPrometheus(text, func(name []byte, l promLabels, v float64) bool {
 			if string(name) == "vllm:num_requests_running" {
 				r, _ := l.Int("engine")
 				m, _ := l.Get("model_name")
@@ -229,7 +229,7 @@ func TestPromScanLinear(t *testing.T) {
 	}
 	for what, page := range pages {
 		start := time.Now()
-		_ = ScanPrometheus(page, func(_ []byte, l Labels, _ float64) bool {
+		_ = scanPrometheus(page, func(_ []byte, l promLabels, _ float64) bool {
 			l.Int("g")
 			l.Get("zz")
 			return true
@@ -265,7 +265,7 @@ func FuzzScanPrometheus(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, text []byte) {
 		var names [][]byte
-		err := ScanPrometheus(text, func(name []byte, l Labels, _ float64) bool {
+		err := scanPrometheus(text, func(name []byte, l promLabels, _ float64) bool {
 			if len(name) == 0 || !isMetricNameByte(name[0], false) {
 				t.Fatalf("invalid name %q", name)
 			}
@@ -295,7 +295,7 @@ func FuzzScanPrometheus(f *testing.F) {
 		}
 		if len(names) > 0 {
 			stopped := 0
-			err2 := ScanPrometheus(text, func([]byte, Labels, float64) bool { stopped++; return false })
+			err2 := scanPrometheus(text, func([]byte, promLabels, float64) bool { stopped++; return false })
 			if stopped != 1 || err2 != nil {
 				t.Fatalf("stop after the first sample: %d calls, %v", stopped, err2)
 			}

@@ -15,7 +15,7 @@ import (
 // target. Decisions now bound the estimate; releases bring the ledger back to zero.
 func TestLedgerTokensNeverWrap(t *testing.T) {
 	clock := &fakeClock{ms: 1e6}
-	r := NewRouter(testConfig(t, `,"prefix":{"enabled":false}`), NewMemoryStore(), clock.now)
+	r := NewRouter(testConfig(t, `,"prefix":{"enabled":false}`), newMemoryStore(), clock.now)
 	var tickets []LoadTicket
 	for i := 0; i < 8; i++ {
 		tickets = append(tickets, r.Decide(&Request{Tokens: math.MaxInt64, Identity: uint64(i)}, NoRank).Ticket)

@@ -28,7 +28,7 @@ func convRequest(id string) *Request {
 
 func TestStickyAfterFirstTurn(t *testing.T) {
 	clock := &fakeClock{ms: 1e6}
-	r := NewRouter(testConfig(t, ""), NewMemoryStore(), clock.now)
+	r := NewRouter(testConfig(t, ""), newMemoryStore(), clock.now)
 	d := r.Decide(convRequest("a"), NoRank)
 	assert.Equal(t, KindNewConversation, d.Kind)
 	err := r.Release(d.Ticket)
@@ -44,7 +44,7 @@ func TestStickyAfterFirstTurn(t *testing.T) {
 
 func TestTwoRoutersOverOneStoreAgree(t *testing.T) {
 	// Two VMs of one Envoy: separate Routers, one shared store.
-	store, clock := NewMemoryStore(), &fakeClock{ms: 1e6}
+	store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
 	a := NewRouter(testConfig(t, ""), store, clock.now)
 	b := NewRouter(testConfig(t, ""), store, clock.now)
 	var seen []string
@@ -65,7 +65,7 @@ func TestTwoRoutersOverOneStoreAgree(t *testing.T) {
 }
 
 func TestMappingToRemovedTargetCountsAsAbsent(t *testing.T) {
-	store, clock := NewMemoryStore(), &fakeClock{ms: 1e6}
+	store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
 	r := NewRouter(testConfig(t, ""), store, clock.now)
 	placed := map[string]string{}
 	for i := 0; i < 6; i++ {
@@ -112,7 +112,7 @@ func (f failingStore) Set(k string, v []byte, cas uint32) error {
 
 func TestStateFailureFallsBackWithoutState(t *testing.T) {
 	for name, store := range map[string]Store{
-		"cas conflicts on every try": failingStore{setErr: ErrCASMismatch, inner: NewMemoryStore()},
+		"cas conflicts on every try": failingStore{setErr: ErrCASMismatch, inner: newMemoryStore()},
 		"host error on get":          failingStore{getErr: errors.New("host: internal failure")},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -156,7 +156,7 @@ func TestStateFailureFallsBackWithoutState(t *testing.T) {
 func TestTrustedClientRankRestrictsTargets(t *testing.T) {
 	cfg, err := ParseConfig([]byte(`{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"a:1","dp_size":4},{"address":"b:1","dp_size":2}]}}}`))
 	require.NoError(t, err)
-	r := NewRouter(&cfg, NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(&cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	for i := 0; i < 8; i++ {
 		d := r.Decide(&Request{Tokens: 3, Identity: uint64(i)}, 3)
 		assert.Equal(t, "a:1", d.Target.Address)

@@ -65,7 +65,7 @@ func TestStateFormatConversationBucket(t *testing.T) {
 	id := FingerprintString("conv-a")
 	for _, f := range append([]byte{conversationFormat}, sfUnknownFormats...) {
 		t.Run(fmt.Sprint("format ", f), func(t *testing.T) {
-			store, clock := NewMemoryStore(), &fakeClock{ms: 1e6}
+			store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
 			r := NewRouter(cfg, store, clock.now)
 			third := r.DecodeTargets()[2]
 			key := r.decode.conv.key(id)
@@ -90,7 +90,7 @@ func TestStateFormatConversationBucket(t *testing.T) {
 		})
 	}
 	t.Run("torn value", func(t *testing.T) {
-		store := NewMemoryStore()
+		store := newMemoryStore()
 		r := NewRouter(cfg, store, (&fakeClock{ms: 1e6}).now)
 		key := r.decode.conv.key(id)
 		sfStore(t, store, key, sfConvBucket(conversationFormat, id, r.DecodeTargets()[2].ID)[:12])
@@ -104,7 +104,7 @@ func TestStateFormatLedger(t *testing.T) {
 	cfg := testConfig(t, `,"prefix":{"enabled":false}`)
 	for _, f := range append([]byte{ledgerFormat}, sfUnknownFormats...) {
 		t.Run(fmt.Sprint("format ", f), func(t *testing.T) {
-			store, clock := NewMemoryStore(), &fakeClock{ms: 1e6}
+			store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
 			r := NewRouter(cfg, store, clock.now)
 			first := r.DecodeTargets()[0]
 			key := "kvroute/load/decode"
@@ -127,7 +127,7 @@ func TestStateFormatLedger(t *testing.T) {
 		})
 	}
 	t.Run("torn value", func(t *testing.T) {
-		store, clock := NewMemoryStore(), &fakeClock{ms: 1e6}
+		store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
 		r := NewRouter(cfg, store, clock.now)
 		v := sfLedger(ledgerFormat, r.DecodeTargets()[0].ID, clock.ms/(cfg.State.LeaseMS/ledgerSlots), 5, 5)
 		sfStore(t, store, "kvroute/load/decode", v[:len(v)-3])
@@ -142,7 +142,7 @@ func TestStateFormatHealth(t *testing.T) {
 	cfg := testConfig(t, `,"prefix":{"enabled":false},"health":{"failure_threshold":1}`)
 	for _, f := range append([]byte{healthFormat}, sfUnknownFormats...) {
 		t.Run(fmt.Sprint("format ", f), func(t *testing.T) {
-			store, clock := NewMemoryStore(), &fakeClock{ms: 1e6}
+			store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
 			r := NewRouter(cfg, store, clock.now)
 			first := r.DecodeTargets()[0]
 			key := "kvroute/health/decode"
@@ -172,7 +172,7 @@ func TestStateFormatCursor(t *testing.T) {
 	cfg := testConfig(t, `,"prefix":{"enabled":false}`)
 	for _, f := range append([]byte{cursorFormat}, sfUnknownFormats...) {
 		t.Run(fmt.Sprint("format ", f), func(t *testing.T) {
-			store := NewMemoryStore()
+			store := newMemoryStore()
 			r := NewRouter(cfg, store, (&fakeClock{ms: 1e6}).now)
 			key := "kvroute/rr/decode"
 			sfStore(t, store, key, sfCursor(f, 2))
@@ -188,7 +188,7 @@ func TestStateFormatCursor(t *testing.T) {
 		})
 	}
 	t.Run("wrong length", func(t *testing.T) {
-		store := NewMemoryStore()
+		store := newMemoryStore()
 		r := NewRouter(cfg, store, (&fakeClock{ms: 1e6}).now)
 		sfStore(t, store, "kvroute/rr/decode", []byte{cursorFormat, 2})
 		d := r.Decide(convRequest("new"), NoRank)
@@ -202,7 +202,7 @@ func TestStateFormatCursor(t *testing.T) {
 // old is read, and the ledger ends at zero.
 func TestStateFormatEverythingOldAtOnce(t *testing.T) {
 	cfg := testConfig(t, `,"conversation":{"max_sessions":64}`)
-	store, clock := NewMemoryStore(), &fakeClock{ms: 1e6}
+	store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
 	r := NewRouter(cfg, store, clock.now)
 	garbage := []byte{0xee, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
 	for _, pool := range []string{"decode", "prefill"} {

@@ -7,7 +7,7 @@ import (
 
 // Store is the small key-value interface kvroute keeps its shared state in. The filter
 // implements it over proxy-wasm shared data (one store for every VM of an Envoy);
-// MemoryStore implements it for tests and tools. Semantics follow proxy-wasm: Get
+// memoryStore implements it for tests and tools. Semantics follow proxy-wasm: Get
 // returns the value and a CAS token; Set with cas 0 writes unconditionally, otherwise
 // only if the key's token still equals cas. A value returned by Get belongs to the
 // store and must not be modified.
@@ -52,9 +52,9 @@ func update(s Store, key string, retries int, fn func(old []byte) (next []byte, 
 	return ErrStateConflict
 }
 
-// MemoryStore is a Store in process memory, safe for concurrent use. It behaves like
+// memoryStore is a Store in process memory, safe for concurrent use. It behaves like
 // Envoy's shared data, including CAS tokens that start at 1.
-type MemoryStore struct {
+type memoryStore struct {
 	mu   sync.Mutex
 	data map[string]memoryEntry
 }
@@ -64,10 +64,10 @@ type memoryEntry struct {
 	cas   uint32
 }
 
-// NewMemoryStore returns an empty MemoryStore.
-func NewMemoryStore() *MemoryStore { return &MemoryStore{data: map[string]memoryEntry{}} }
+// newMemoryStore returns an empty memoryStore.
+func newMemoryStore() *memoryStore { return &memoryStore{data: map[string]memoryEntry{}} }
 
-func (m *MemoryStore) Get(key string) ([]byte, uint32, error) {
+func (m *memoryStore) Get(key string) ([]byte, uint32, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e, ok := m.data[key]
@@ -77,7 +77,7 @@ func (m *MemoryStore) Get(key string) ([]byte, uint32, error) {
 	return append([]byte(nil), e.value...), e.cas, nil
 }
 
-func (m *MemoryStore) Set(key string, value []byte, cas uint32) error {
+func (m *memoryStore) Set(key string, value []byte, cas uint32) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e, ok := m.data[key]
@@ -89,7 +89,7 @@ func (m *MemoryStore) Set(key string, value []byte, cas uint32) error {
 }
 
 // Footprint returns the number of keys and the bytes of keys plus values held.
-func (m *MemoryStore) Footprint() (keys, bytes int) {
+func (m *memoryStore) Footprint() (keys, bytes int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k, e := range m.data {

@@ -9,17 +9,17 @@ import (
 
 // emulatorStore behaves like the proxy-wasm SDK's host emulator, which refuses CAS 0
 // for a key that exists (Envoy takes it as unconditional).
-type emulatorStore struct{ *MemoryStore }
+type emulatorStore struct{ *memoryStore }
 
 func (e emulatorStore) Set(key string, value []byte, cas uint32) error {
-	if _, cur, err := e.MemoryStore.Get(key); err == nil && cas != cur {
+	if _, cur, err := e.memoryStore.Get(key); err == nil && cas != cur {
 		return ErrCASMismatch
 	}
-	return e.MemoryStore.Set(key, value, cas)
+	return e.memoryStore.Set(key, value, cas)
 }
 
 func TestPrefixJournalPublishesUnderEitherCASZeroRule(t *testing.T) {
-	for name, store := range map[string]Store{"envoy": NewMemoryStore(), "emulator": emulatorStore{NewMemoryStore()}} {
+	for name, store := range map[string]Store{"envoy": newMemoryStore(), "emulator": emulatorStore{newMemoryStore()}} {
 		t.Run(name, func(t *testing.T) {
 			a := NewPrefixIndex(store, "ns", "decode", 1024, 8)
 			b := NewPrefixIndex(store, "ns", "decode", 1024, 8)
