@@ -3,8 +3,6 @@ package routing
 import (
 	"errors"
 	"strings"
-	"unicode/utf16"
-	"unicode/utf8"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -68,13 +66,13 @@ const (
 
 // Extract parses body and fills req for the given API. It never panics.
 //
-// The body's shape is checked once (jsonShapeOK: an object, balanced, strings
-// closed, nesting bounded — several times faster than a full validation) and then
-// read in one forward walk: the members Extract needs are decoded straight into req.Prompt as they are
-// met, and everything else is only skipped over. It allocates only for a copy of
-// req.Model and to grow req.Prompt: the canonical prompt is appended to
-// req.Prompt[:0], so a caller that reuses one Request reuses one backing array.
-// Nothing in req refers to body afterwards.
+// The body is read in one forward walk: the members Extract needs are decoded straight
+// into req.Prompt as they are met, and everything else is only skipped over. Its shape
+// is then checked once (jsonShapeOK: an object, balanced, strings closed, nesting
+// bounded) rather than fully validated. It allocates only for a copy of req.Model and
+// to grow req.Prompt: the canonical prompt is appended to req.Prompt[:0], so a caller
+// that reuses one Request reuses one backing array. Nothing in req refers to body
+// afterwards.
 //
 // It sets Model (a JSON string, else empty), Stream (JSON true only), Prompt,
 // BlockBytes and Tokens. Conversation and HasConversation are set from
@@ -116,21 +114,8 @@ const (
 // and BlockBytes are zero and no conversation is taken from the body: the caller
 // fails open.
 func Extract(api API, body []byte, opt ExtractOptions, req *Request) error {
-	req.Model = ""
-	req.Stream = false
-	req.Prompt = req.Prompt[:0]
-	req.BlockBytes = 0
-	req.Tokens = 0
-
-	var mainKey string // the member that holds the prompt
-	switch api {
-	case APIChatCompletions:
-		mainKey = "messages"
-	case APICompletions:
-		mainKey = "prompt"
-	case APIResponses:
-		mainKey = "input"
-	default:
+	clearExtracted(req)
+	if api != APIChatCompletions && api != APICompletions && api != APIResponses {
 		return errUnknownAPI
 	}
 	// A view of the body as a string, not a copy. Nothing taken from it outlives this
@@ -140,154 +125,206 @@ func Extract(api API, body []byte, opt ExtractOptions, req *Request) error {
 	if root >= len(json) || json[root] != '{' {
 		return errNotJSON
 	}
-	// The walk comes first and remembers the long strings it decoded, so the shape
-	// check after it jumps over them instead of scanning the prompt a second time.
-	var spans stringSpans
-
-	// One walk over the top-level members. Chat messages and completion prompts are
-	// decoded into Prompt where they are met; other members are kept as raw JSON
-	// ("" means absent), including the first step of simple body-field paths, so
-	// that looking for a conversation id never rescans the body. Responses input is
-	// decoded after the walk, as "instructions" may follow it.
-	wantConversation := !req.HasConversation && len(opt.BodyFields) > 0
-	var fieldHead, fieldVal [fastBodyFields]string
-	if wantConversation {
-		for f := 0; f < len(opt.BodyFields) && f < fastBodyFields; f++ {
-			if len(opt.heads) == len(opt.BodyFields) {
-				fieldHead[f] = opt.heads[f]
-			} else {
-				fieldHead[f] = simpleHead(opt.BodyFields[f])
-			}
-		}
+	var fields *bodyFields
+	var fieldsBuf bodyFields
+	if !req.HasConversation && len(opt.BodyFields) > 0 {
+		fields = &fieldsBuf
+		fields.prepare(opt)
 	}
-	cpt := max(opt.CharsPerToken, 1)
-	blockTokens := max(opt.BlockTokens, 1)
-	var model, stream, instructions, input string
-	var textBytes int
-	mainSeen, isIDs := false, false
-	for i := root + 1; ; {
-		k, v, _ := memberAt(json, i)
-		if v < 0 {
-			break
-		}
-		var e int
-		var err error
-		switch {
-		case k == mainKey && !mainSeen && api == APIChatCompletions:
-			req.Prompt, textBytes, e, err = appendChat(req.Prompt, json, v, &spans)
-			mainSeen = true
-		case k == mainKey && !mainSeen && api == APICompletions:
-			req.Prompt, textBytes, isIDs, e, err = appendCompletion(req.Prompt, json, v, &spans)
-			mainSeen = true
-		default:
-			e = valueEnd(json, v)
-		}
-		if err != nil {
-			if !shapeOK(json, &spans) {
-				err = errNotJSON
-			}
-			return fail(req, err)
-		}
-		val := json[v:e]
-		switch k {
-		case "model":
-			setFirst(&model, val)
-		case "stream":
-			setFirst(&stream, val)
-		case "instructions":
-			setFirst(&instructions, val)
-		case "input":
-			setFirst(&input, val)
-		}
-		if wantConversation {
-			for f := range fieldHead {
-				if fieldHead[f] != k || k == "" {
-					continue
-				}
-				if fieldVal[f] != "" {
-					// A duplicate member: gjson.Get looks into each in turn.
-					fieldHead[f] = ""
-					continue
-				}
-				fieldVal[f] = val
-			}
-		}
-		i = e
+	w := promptWriter{buf: req.Prompt}
+	top, err := readPrompt(api, json, root, &w, fields)
+	req.Prompt = w.buf
+	if err != nil {
+		return fail(req, err)
 	}
-	if !shapeOK(json, &spans) {
-		return fail(req, errNotJSON)
-	}
-	switch api {
-	case APIChatCompletions:
-		if !mainSeen {
-			return fail(req, errMessages)
-		}
-		req.BlockBytes = blockTokens * cpt
-		req.Tokens = textBytes / cpt
-	case APICompletions:
-		if !mainSeen {
-			return fail(req, errPrompt)
-		}
-		if isIDs { // textBytes counts token ids
-			req.BlockBytes = blockTokens * tokenIDBytes
-			req.Tokens = textBytes
-		} else {
-			req.BlockBytes = blockTokens * cpt
-			req.Tokens = textBytes / cpt
-		}
-	case APIResponses:
-		var err error
-		if req.Prompt, textBytes, err = appendResponses(req.Prompt, instructions, input); err != nil {
-			return fail(req, err)
-		}
-		req.BlockBytes = blockTokens * cpt
-		req.Tokens = textBytes / cpt
-	}
-
-	if isString(model) {
-		if m := model[1 : len(model)-1]; strings.IndexByte(m, '\\') < 0 {
-			req.Model = strings.Clone(m)
-		} else {
-			req.Model = gjson.Parse(model).Str // a fresh, unescaped string
-		}
-	}
-	req.Stream = stream == "true"
-
-	if wantConversation {
-		for f, path := range opt.BodyFields {
-			var v gjson.Result
-			switch {
-			case f >= fastBodyFields || fieldHead[f] == "":
-				v = gjson.Get(json, path)
-			case fieldVal[f] == "":
-				continue
-			case len(path) == len(fieldHead[f]):
-				v = gjson.Parse(fieldVal[f])
-			default:
-				v = gjson.Get(fieldVal[f], path[len(fieldHead[f])+1:])
-			}
-			if id, ok := conversationID(v); ok {
-				req.Conversation = FingerprintString(id)
-				req.HasConversation = true
-				break
-			}
+	req.BlockBytes, req.Tokens = w.estimate(max(opt.CharsPerToken, 1), max(opt.BlockTokens, 1))
+	req.Model = modelName(top.model)
+	req.Stream = top.stream == "true"
+	if fields != nil {
+		if id, ok := fields.conversationID(json, opt.BodyFields); ok {
+			req.Conversation = FingerprintString(id)
+			req.HasConversation = true
 		}
 	}
 	return nil
 }
 
-// fail clears what Extract had filled and returns err.
-func fail(req *Request, err error) error {
+// readPrompt walks the body's top-level object at json[root] (readTopLevel), checks its
+// shape, and completes the prompt for api.
+func readPrompt(api API, json string, root int, w *promptWriter, fields *bodyFields) (topLevel, error) {
+	// The walk comes first and remembers in w.spans the long strings it decoded, so the
+	// shape check after it jumps over them instead of scanning the prompt a second time.
+	top, err := readTopLevel(api, json, root, w, fields)
+	if !shapeOK(json, &w.spans) {
+		return top, errNotJSON
+	}
+	if err != nil {
+		return top, err
+	}
+	switch api {
+	case APIChatCompletions:
+		if !top.promptSeen {
+			return top, errMessages
+		}
+	case APICompletions:
+		if !top.promptSeen {
+			return top, errPrompt
+		}
+	case APIResponses:
+		err = w.responses(top.instructions, top.input)
+	}
+	return top, err
+}
+
+// topLevel is what the walk over the body's top-level object found besides the prompt.
+type topLevel struct {
+	model, stream, instructions, input string // raw JSON of the first such member; "" when absent
+	promptSeen                         bool   // the chat "messages" or completions "prompt" was appended
+}
+
+// readTopLevel walks the members of the object at json[root] once. The chat messages
+// or completions prompt is appended to w where it is met; the members read later are
+// kept as raw JSON, and so are the members body fields start with (fields, when not
+// nil), so that looking for a conversation id never rescans the body. Responses input
+// is appended after the walk, as "instructions" may follow it.
+func readTopLevel(api API, json string, root int, w *promptWriter, fields *bodyFields) (topLevel, error) {
+	var top topLevel
+	for i := root + 1; ; {
+		k, v, _ := memberAt(json, i)
+		if v < 0 {
+			return top, nil
+		}
+		var e int
+		var err error
+		switch {
+		case top.promptSeen:
+			e = valueEnd(json, v)
+		case api == APIChatCompletions && k == "messages":
+			e, err = w.chat(json, v)
+			top.promptSeen = true
+		case api == APICompletions && k == "prompt":
+			e, err = w.completion(json, v)
+			top.promptSeen = true
+		default:
+			e = valueEnd(json, v)
+		}
+		if err != nil {
+			return top, err
+		}
+		top.keep(k, json[v:e])
+		if fields != nil {
+			fields.keep(k, json[v:e])
+		}
+		i = e
+	}
+}
+
+// keep records raw as the value of member key when Extract reads it after the walk.
+// Of duplicate members the first counts.
+func (top *topLevel) keep(key, raw string) {
+	switch key {
+	case "model":
+		setFirst(&top.model, raw)
+	case "stream":
+		setFirst(&top.stream, raw)
+	case "instructions":
+		setFirst(&top.instructions, raw)
+	case "input":
+		setFirst(&top.input, raw)
+	}
+}
+
+func setFirst(dst *string, v string) {
+	if *dst == "" {
+		*dst = v
+	}
+}
+
+// modelName is the text of the raw JSON model member: a fresh string, empty unless
+// the member is a string.
+func modelName(raw string) string {
+	if !isString(raw) {
+		return ""
+	}
+	if m := raw[1 : len(raw)-1]; strings.IndexByte(m, '\\') < 0 {
+		return strings.Clone(m)
+	}
+	return gjson.Parse(raw).Str // a fresh, unescaped string
+}
+
+// clearExtracted zeroes what Extract fills, keeping Prompt's backing array.
+func clearExtracted(req *Request) {
 	req.Model = ""
 	req.Stream = false
 	req.Prompt = req.Prompt[:0]
 	req.BlockBytes = 0
 	req.Tokens = 0
+}
+
+// fail clears what Extract had filled and returns err.
+func fail(req *Request, err error) error {
+	clearExtracted(req)
 	return err
 }
 
+// bodyFields finds the conversation id in conversation.body_fields. The first
+// fastBodyFields paths that start with a plain name have that member's raw value kept
+// during the walk; any other path is looked up with gjson.Get.
+type bodyFields struct {
+	head [fastBodyFields]string // the path's first step; "" when the path needs gjson.Get
+	val  [fastBodyFields]string // raw JSON of the member named head; "" when absent
+}
+
+// prepare sets the first step of each fast path.
+func (f *bodyFields) prepare(opt ExtractOptions) {
+	for i := 0; i < len(opt.BodyFields) && i < fastBodyFields; i++ {
+		if len(opt.heads) == len(opt.BodyFields) {
+			f.head[i] = opt.heads[i]
+		} else {
+			f.head[i] = simpleHead(opt.BodyFields[i])
+		}
+	}
+}
+
+// keep records raw as the value of member key for the paths that start with key.
+func (f *bodyFields) keep(key, raw string) {
+	for i := range f.head {
+		if f.head[i] != key || key == "" {
+			continue
+		}
+		if f.val[i] != "" {
+			// A duplicate member: gjson.Get looks into each in turn.
+			f.head[i] = ""
+			continue
+		}
+		f.val[i] = raw
+	}
+}
+
+// conversationID returns the id of the first of paths that holds one
+// (idFromBodyField), looking into the members kept during the walk where it can.
+func (f *bodyFields) conversationID(json string, paths []string) (string, bool) {
+	for i, path := range paths {
+		var v gjson.Result
+		switch {
+		case i >= fastBodyFields || f.head[i] == "":
+			v = gjson.Get(json, path)
+		case f.val[i] == "":
+			continue
+		case len(path) == len(f.head[i]):
+			v = gjson.Parse(f.val[i])
+		default:
+			v = gjson.Get(f.val[i], path[len(f.head[i])+1:])
+		}
+		if id, ok := idFromBodyField(v); ok {
+			return id, true
+		}
+	}
+	return "", false
+}
+
 // isBodyFieldPathChar is bodyFieldPathChars as a table: simpleHead runs for every
-// body field of every request, and a call a character was a fifth of Extract in wasm.
+// body field of every request, and a table lookup is cheaper than a call a character.
 var isBodyFieldPathChar = func() (t [256]bool) {
 	for i := 0; i < len(bodyFieldPathChars); i++ {
 		t[bodyFieldPathChars[i]] = true
@@ -313,9 +350,9 @@ func simpleHead(path string) string {
 	return path
 }
 
-// conversationID returns the id a body field holds: a non-empty string, a number (by
+// idFromBodyField returns the id a body field holds: a non-empty string, a number (by
 // its raw JSON text), or either of those as the "id" member of an object.
-func conversationID(v gjson.Result) (string, bool) {
+func idFromBodyField(v gjson.Result) (string, bool) {
 	if v.IsObject() {
 		v = v.Get("id")
 	}
@@ -326,465 +363,4 @@ func conversationID(v gjson.Result) (string, bool) {
 		return v.Raw, true
 	}
 	return "", false
-}
-
-// The functions below read the JSON text s from the value that starts at s[v] and
-// return where it ends. They check no more syntax than they need (jsonShapeOK has
-// check the shape after them), but they never index out of range nor loop on any input: a value that is not closed
-// ends at len(s). They return the number of text bytes they appended (or of token
-// ids), for the estimate.
-
-// appendChat appends the lines of the chat completions "messages" array at s[v].
-func appendChat(dst []byte, s string, v int, spans *stringSpans) (_ []byte, textBytes, end int, _ error) {
-	if s[v] != '[' {
-		return dst, 0, 0, errMessages
-	}
-	first := true
-	for i := v + 1; ; {
-		m, end := elementAt(s, i)
-		if m < 0 {
-			return dst, textBytes, end, nil
-		}
-		if s[m] != '{' {
-			return dst, 0, 0, errMessages
-		}
-		var n int
-		var err error
-		if dst, n, i, err = appendMessage(dst, first, s, m, false, spans); err != nil {
-			return dst, 0, 0, err
-		}
-		textBytes += n
-		first = false
-	}
-}
-
-// appendMessage appends the line of the chat message, or of the responses input
-// item when item is true, whose object starts at s[m].
-func appendMessage(dst []byte, first bool, s string, m int, item bool, spans *stringSpans) (_ []byte, textBytes, end int, _ error) {
-	start := len(dst)
-	rawBytes := 0                         // appended bytes that are not text
-	var role, content, toolCalls string   // raw JSON; "" means absent
-	contentSeen, lineDone := false, false // lineDone: content decoded where met
-	for i := m + 1; ; {
-		k, v, close := memberAt(s, i)
-		if v < 0 {
-			end = close
-			break
-		}
-		switch {
-		case k == "role" && role == "":
-			i = valueEnd(s, v)
-			role = s[v:i]
-		case k == "content" && !contentSeen && role != "" && (s[v] == '"' || s[v] == '['):
-			// The usual order, role then content: decode the content in place.
-			contentSeen, lineDone = true, true
-			dst = appendRole(dst, first, role)
-			var n int
-			dst, n, i = appendContent(dst, s, v, spans)
-			rawBytes += n
-		case k == "content" && !contentSeen:
-			contentSeen = true
-			i = valueEnd(s, v)
-			content = s[v:i]
-		case k == "tool_calls" && !item && toolCalls == "":
-			i = valueEnd(s, v)
-			toolCalls = s[v:i]
-		default:
-			i = valueEnd(s, v)
-		}
-	}
-	switch {
-	case lineDone:
-	case isString(content) || isArray(content):
-		dst = appendRole(dst, first, role)
-		var n int
-		dst, n, _ = appendContent(dst, content, 0, nil) // content is a copy
-		rawBytes += n
-	case item: // no text content: the item is its raw JSON
-		if !first {
-			dst = append(dst, '\n')
-		}
-		dst = append(dst, s[m:end]...)
-		rawBytes += end - m
-	case content == "" || content == "null":
-		dst = appendRole(dst, first, role)
-	default:
-		return dst, 0, 0, errContent
-	}
-	if isArray(toolCalls) || isObject(toolCalls) {
-		dst = append(dst, toolCalls...)
-		rawBytes += len(toolCalls)
-	}
-	return dst, len(dst) - start - rawBytes, end, nil
-}
-
-// appendRole appends "\n" (unless first), the role (raw JSON; not a string: empty)
-// and ":".
-func appendRole(dst []byte, first bool, role string) []byte {
-	if !first {
-		dst = append(dst, '\n')
-	}
-	if isString(role) {
-		dst, _ = appendString(dst, role, 0)
-	}
-	return append(dst, ':')
-}
-
-// appendContent appends the message content at s[v], a string or an array of parts,
-// and returns the number of bytes appended that are not text: a part whose first
-// "text" member is a string is text, any other part is appended as its raw JSON.
-func appendContent(dst []byte, s string, v int, spans *stringSpans) (_ []byte, rawBytes, end int) {
-	if s[v] == '"' {
-		dst, end = appendString(dst, s, v)
-		spans.add(v, end)
-		return dst, 0, end
-	}
-	for i := v + 1; ; {
-		p, end := elementAt(s, i)
-		if p < 0 {
-			return dst, rawBytes, end
-		}
-		isText := false
-		if s[p] == '{' {
-			dst, isText, i = appendTextPart(dst, s, p)
-		} else {
-			i = valueEnd(s, p)
-		}
-		if !isText {
-			dst = append(dst, s[p:i]...)
-			rawBytes += i - p
-		}
-	}
-}
-
-// appendTextPart appends the text of the content part whose object starts at s[p]
-// if its first "text" member is a string, and says whether it did.
-func appendTextPart(dst []byte, s string, p int) (_ []byte, isText bool, end int) {
-	textSeen := false
-	for i := p + 1; ; {
-		k, v, close := memberAt(s, i)
-		if v < 0 {
-			return dst, isText, close
-		}
-		if k == "text" && !textSeen {
-			textSeen = true
-			if s[v] == '"' {
-				dst, i = appendString(dst, s, v)
-				isText = true
-				continue
-			}
-		}
-		i = valueEnd(s, v)
-	}
-}
-
-// appendCompletion appends the canonical prompt of the completions "prompt" at s[v].
-// When isIDs it is made of token ids and n counts them; else n counts text bytes.
-func appendCompletion(dst []byte, s string, v int, spans *stringSpans) (_ []byte, n int, isIDs bool, end int, _ error) {
-	switch s[v] {
-	case '"':
-		mark := len(dst)
-		dst, end = appendString(dst, s, v)
-		spans.add(v, end)
-		return dst, len(dst) - mark, false, end, nil
-	case '[':
-	default:
-		return dst, 0, false, 0, errPrompt
-	}
-	var kind byte // of the elements: '"' strings, '0' token ids, '[' arrays of token ids
-	for i := v + 1; ; {
-		p, end := elementAt(s, i)
-		if p < 0 {
-			return dst, n, kind == '0' || kind == '[', end, nil
-		}
-		k := s[p]
-		if k == '-' || k >= '0' && k <= '9' {
-			k = '0'
-		}
-		first := kind == 0
-		if first {
-			kind = k
-		}
-		switch {
-		case k != kind:
-			return dst, 0, false, 0, errPrompt
-		case k == '"':
-			mark := len(dst)
-			dst, i = appendString(dst, s, p)
-			n += len(dst) - mark
-			if !first {
-				dst = dst[:mark] // only the first string is hashed
-			}
-		case k == '0':
-			i = valueEnd(s, p)
-			id, ok := parseTokenID(s[p:i])
-			if !ok {
-				return dst, 0, false, 0, errTokenID
-			}
-			dst = appendTokenID(dst, id)
-			n++
-		case k == '[':
-			for j := p + 1; ; {
-				q, qend := elementAt(s, j)
-				if q < 0 {
-					i = qend
-					break
-				}
-				j = valueEnd(s, q)
-				id, ok := parseTokenID(s[q:j])
-				if !ok {
-					return dst, 0, false, 0, errTokenID
-				}
-				if first {
-					dst = appendTokenID(dst, id)
-				}
-				n++
-			}
-		default:
-			return dst, 0, false, 0, errPrompt
-		}
-	}
-}
-
-// parseTokenID parses the raw JSON of a token id: an integer in [0, 2^32).
-func parseTokenID(raw string) (uint32, bool) {
-	if raw == "" || len(raw) > len("4294967295") {
-		return 0, false
-	}
-	var v uint64
-	for i := 0; i < len(raw); i++ {
-		c := raw[i]
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		v = v*10 + uint64(c-'0')
-	}
-	return uint32(v), v <= maxTokenID
-}
-
-// appendTokenID appends a token id as 4 little-endian bytes.
-func appendTokenID(dst []byte, id uint32) []byte {
-	return append(dst, byte(id), byte(id>>8), byte(id>>16), byte(id>>24))
-}
-
-// appendResponses appends the canonical prompt of a responses request from its raw
-// "instructions" and "input" members.
-func appendResponses(dst []byte, instructions, input string) (_ []byte, textBytes int, _ error) {
-	start := len(dst)
-	first := true
-	switch {
-	case instructions == "" || instructions == "null":
-	case isString(instructions):
-		dst = appendRole(dst, first, `"`+instructionsRole+`"`)
-		dst, _ = appendString(dst, instructions, 0)
-		first = false
-	default:
-		return dst, 0, errInstructions
-	}
-	if isString(input) {
-		dst = appendRole(dst, first, `"`+stringInputRole+`"`)
-		dst, _ = appendString(dst, input, 0)
-		return dst, len(dst) - start, nil
-	}
-	if !isArray(input) {
-		return dst, 0, errInput
-	}
-	textBytes = len(dst) - start
-	for i := 1; ; {
-		p, _ := elementAt(input, i)
-		if p < 0 {
-			return dst, textBytes, nil
-		}
-		if input[p] != '{' {
-			return dst, 0, errInput
-		}
-		var n int
-		dst, n, i, _ = appendMessage(dst, first, input, p, true, nil) // input is a copy
-		textBytes += n
-		first = false
-	}
-}
-
-func setFirst(dst *string, v string) {
-	if *dst == "" {
-		*dst = v
-	}
-}
-
-func isString(raw string) bool { return raw != "" && raw[0] == '"' }
-func isArray(raw string) bool  { return raw != "" && raw[0] == '[' }
-func isObject(raw string) bool { return raw != "" && raw[0] == '{' }
-
-func skipSpace(s string, i int) int {
-	for i < len(s) && s[i] <= ' ' {
-		i++
-	}
-	return i
-}
-
-// memberAt reads the next member of an object, at or after s[i] (just past "{" or
-// past the previous member's value). It returns the unescaped key and where the
-// value starts; after the last member v is -1 and end is just past "}".
-func memberAt(s string, i int) (key string, v, end int) {
-	i = skipSpace(s, i)
-	if i < len(s) && s[i] == ',' {
-		i = skipSpace(s, i+1)
-	}
-	if i >= len(s) || s[i] != '"' {
-		return "", -1, min(i+1, len(s))
-	}
-	e := stringEnd(s, i)
-	key = s[i+1 : max(e-1, i+1)]
-	if strings.IndexByte(key, '\\') >= 0 {
-		key = gjson.Parse(s[i:e]).Str // rare: an escaped key
-	}
-	i = skipSpace(s, e)
-	if i < len(s) && s[i] == ':' {
-		i = skipSpace(s, i+1)
-	}
-	if i >= len(s) {
-		return "", -1, len(s)
-	}
-	return key, i, 0
-}
-
-// elementAt reads the next element of an array, at or after s[i] (just past "[" or
-// past the previous element). It returns where the element starts; after the last
-// element v is -1 and end is just past "]".
-func elementAt(s string, i int) (v, end int) {
-	i = skipSpace(s, i)
-	if i < len(s) && s[i] == ',' {
-		i = skipSpace(s, i+1)
-	}
-	if i >= len(s) || s[i] == ']' {
-		return -1, min(i+1, len(s))
-	}
-	return i, 0
-}
-
-// valueEnd returns where the value that starts at s[i] ends: always past i (when
-// i < len(s)) and at most len(s).
-func valueEnd(s string, i int) int {
-	if i >= len(s) {
-		return len(s)
-	}
-	switch s[i] {
-	case '"':
-		return stringEnd(s, i)
-	case '{', '[':
-		depth := 0
-		for ; i < len(s); i++ {
-			switch s[i] {
-			case '"':
-				i = stringEnd(s, i) - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return i + 1
-				}
-			}
-		}
-		return len(s)
-	}
-	e := i + 1
-	for e < len(s) && s[e] > ' ' && s[e] != ',' && s[e] != '}' && s[e] != ']' {
-		e++
-	}
-	return e
-}
-
-// stringEnd returns the index just past the closing quote of the string that starts
-// at s[i] == '"', or len(s) if it is not closed. It looks for quotes only (one byte
-// is the fastest search in wasm) and counts the backslashes before each.
-func stringEnd(s string, i int) int {
-	for j := i + 1; j < len(s); j++ {
-		q := strings.IndexByte(s[j:], '"')
-		if q < 0 {
-			break
-		}
-		j += q
-		bs := 0 // backslashes just before the quote
-		for k := j - 1; k > i && s[k] == '\\'; k-- {
-			bs++
-		}
-		if bs%2 == 0 {
-			return j + 1
-		}
-	}
-	return len(s)
-}
-
-// appendString appends the unescaped text of the JSON string that starts at
-// s[i] == '"', decoding escapes as gjson does, and returns the index just past it.
-// It finds the end and decodes in one pass.
-func appendString(dst []byte, s string, i int) (_ []byte, end int) {
-	i++
-	for i < len(s) {
-		j := quoteOrEscape(s, i)
-		dst = append(dst, s[i:j]...)
-		if j >= len(s) {
-			break
-		}
-		if s[j] == '"' {
-			return dst, j + 1
-		}
-		i = j + 2 // past the backslash and the escape letter
-		if i > len(s) {
-			break
-		}
-		switch c := s[i-1]; c {
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r, ok := hex4(s[i:])
-			if !ok {
-				break
-			}
-			i += 4
-			if utf16.IsSurrogate(r) && i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
-				// Only a well-formed second escape is taken: "\u0" must not swallow
-				// a closing quote (the string would end past where it ends).
-				if r2, ok := hex4(s[i+2:]); ok {
-					r = utf16.DecodeRune(r, r2)
-					i += 6
-				}
-			}
-			dst = utf8.AppendRune(dst, r)
-		default: // '"', '\\', '/'
-			dst = append(dst, c)
-		}
-	}
-	return dst, len(s)
-}
-
-// hex4 decodes the 4 hex digits of a \u escape.
-func hex4(s string) (rune, bool) {
-	if len(s) < 4 {
-		return 0, false
-	}
-	var r rune
-	for i := 0; i < 4; i++ {
-		c := s[i]
-		switch {
-		case c >= '0' && c <= '9':
-			c -= '0'
-		case c >= 'a' && c <= 'f':
-			c -= 'a' - 10
-		case c >= 'A' && c <= 'F':
-			c -= 'A' - 10
-		default:
-			return 0, false
-		}
-		r = r<<4 | rune(c)
-	}
-	return r, true
 }

@@ -110,7 +110,7 @@ func FuzzExtract(f *testing.F) {
 
 		// The walk never indexes out of range, even on text that is not JSON.
 		s := string(body)
-		var spans stringSpans // strings the walk scanned, as Extract collects them
+		var w promptWriter // collects the strings the walk scanned, as in Extract
 		for i := 0; i < len(s) && i < 64; i++ {
 			if e := valueEnd(s, i); e <= i || e > len(s) {
 				t.Fatalf("valueEnd(%q, %d) = %d", s, i, e)
@@ -124,20 +124,25 @@ func FuzzExtract(f *testing.F) {
 					t.Fatalf("appendString(%q, %d) ends at %d, stringEnd at %d", s, i, end, stringEnd(s, i))
 				}
 			}
+			w.buf, w.lines = w.buf[:0], i%2
 			if s[i] == '{' {
-				_, _, _, _ = appendMessage(nil, i == 0, s, i, i%2 == 0, &spans)
-				_, _, _ = appendTextPart(nil, s, i)
+				if i%2 == 0 {
+					_ = w.inputItem(s, i)
+				} else {
+					_, _ = w.chatMessage(s, i)
+				}
+				_, _ = w.textPart(s, i)
 			}
 			if s[i] == '[' {
-				_, _, _, _ = appendChat(nil, s, i, &spans)
-				_, _, _ = appendContent(nil, s, i, &spans)
+				_, _ = w.chat(s, i)
+				_ = w.content(s, i, &w.spans)
 			}
-			_, _, _, _, _ = appendCompletion(nil, s, i, &spans)
+			_, _ = w.completion(s, i)
 		}
-		if shapeOK(s, &spans) != jsonShapeOK(s) {
-			t.Fatalf("the shape check with the walk's spans %+v disagrees with it without, on %q", spans, s)
+		if shapeOK(s, &w.spans) != jsonShapeOK(s) {
+			t.Fatalf("the shape check with the walk's spans %+v disagrees with it without, on %q", w.spans, s)
 		}
-		_, _, _ = appendResponses(nil, s, s)
+		_ = (&promptWriter{}).responses(s, s)
 
 		// Strings decode as gjson decodes them.
 		if len(s) > 0 && s[0] == '"' && gjson.Valid(s) {

@@ -1,6 +1,195 @@
 package routing
 
-import "math/bits"
+import (
+	"math/bits"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
+)
+
+// The functions below read JSON text s from an index into it. They check no more
+// syntax than their caller needs (jsonShapeOK checks the shape), but they never index
+// out of range nor loop on any input: a value that is not closed ends at len(s).
+
+func isString(raw string) bool { return raw != "" && raw[0] == '"' }
+func isArray(raw string) bool  { return raw != "" && raw[0] == '[' }
+func isObject(raw string) bool { return raw != "" && raw[0] == '{' }
+
+func skipSpace(s string, i int) int {
+	for i < len(s) && s[i] <= ' ' {
+		i++
+	}
+	return i
+}
+
+// memberAt reads the next member of an object, at or after s[i] (just past "{" or
+// past the previous member's value). It returns the unescaped key and where the
+// value starts; after the last member v is -1 and end is just past "}".
+func memberAt(s string, i int) (key string, v, end int) {
+	i = skipSpace(s, i)
+	if i < len(s) && s[i] == ',' {
+		i = skipSpace(s, i+1)
+	}
+	if i >= len(s) || s[i] != '"' {
+		return "", -1, min(i+1, len(s))
+	}
+	e := stringEnd(s, i)
+	key = s[i+1 : max(e-1, i+1)]
+	if strings.IndexByte(key, '\\') >= 0 {
+		key = gjson.Parse(s[i:e]).Str // rare: an escaped key
+	}
+	i = skipSpace(s, e)
+	if i < len(s) && s[i] == ':' {
+		i = skipSpace(s, i+1)
+	}
+	if i >= len(s) {
+		return "", -1, len(s)
+	}
+	return key, i, 0
+}
+
+// elementAt reads the next element of an array, at or after s[i] (just past "[" or
+// past the previous element). It returns where the element starts; after the last
+// element v is -1 and end is just past "]".
+func elementAt(s string, i int) (v, end int) {
+	i = skipSpace(s, i)
+	if i < len(s) && s[i] == ',' {
+		i = skipSpace(s, i+1)
+	}
+	if i >= len(s) || s[i] == ']' {
+		return -1, min(i+1, len(s))
+	}
+	return i, 0
+}
+
+// valueEnd returns where the value that starts at s[i] ends: always past i (when
+// i < len(s)) and at most len(s).
+func valueEnd(s string, i int) int {
+	if i >= len(s) {
+		return len(s)
+	}
+	switch s[i] {
+	case '"':
+		return stringEnd(s, i)
+	case '{', '[':
+		depth := 0
+		for ; i < len(s); i++ {
+			switch s[i] {
+			case '"':
+				i = stringEnd(s, i) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return len(s)
+	}
+	e := i + 1
+	for e < len(s) && s[e] > ' ' && s[e] != ',' && s[e] != '}' && s[e] != ']' {
+		e++
+	}
+	return e
+}
+
+// stringEnd returns the index just past the closing quote of the string that starts
+// at s[i] == '"', or len(s) if it is not closed. It looks for quotes only (one byte
+// is the fastest search in wasm) and counts the backslashes before each.
+func stringEnd(s string, i int) int {
+	for j := i + 1; j < len(s); j++ {
+		q := strings.IndexByte(s[j:], '"')
+		if q < 0 {
+			break
+		}
+		j += q
+		bs := 0 // backslashes just before the quote
+		for k := j - 1; k > i && s[k] == '\\'; k-- {
+			bs++
+		}
+		if bs%2 == 0 {
+			return j + 1
+		}
+	}
+	return len(s)
+}
+
+// appendString appends the unescaped text of the JSON string that starts at
+// s[i] == '"', decoding escapes as gjson does, and returns the index just past it.
+// It finds the end and decodes in one pass.
+func appendString(dst []byte, s string, i int) (_ []byte, end int) {
+	i++
+	for i < len(s) {
+		j := quoteOrEscape(s, i)
+		dst = append(dst, s[i:j]...)
+		if j >= len(s) {
+			break
+		}
+		if s[j] == '"' {
+			return dst, j + 1
+		}
+		i = j + 2 // past the backslash and the escape letter
+		if i > len(s) {
+			break
+		}
+		switch c := s[i-1]; c {
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			r, ok := hex4(s[i:])
+			if !ok {
+				break
+			}
+			i += 4
+			if utf16.IsSurrogate(r) && i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
+				// Only a well-formed second escape is taken: "\u0" must not swallow
+				// a closing quote (the string would end past where it ends).
+				if r2, ok := hex4(s[i+2:]); ok {
+					r = utf16.DecodeRune(r, r2)
+					i += 6
+				}
+			}
+			dst = utf8.AppendRune(dst, r)
+		default: // '"', '\\', '/'
+			dst = append(dst, c)
+		}
+	}
+	return dst, len(s)
+}
+
+// hex4 decodes the 4 hex digits of a \u escape.
+func hex4(s string) (rune, bool) {
+	if len(s) < 4 {
+		return 0, false
+	}
+	var r rune
+	for i := 0; i < 4; i++ {
+		c := s[i]
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		case c >= 'A' && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
+}
 
 // quoteOrEscape returns the index of the first '"' or '\\' in s at or after i, or
 // len(s). It looks at eight bytes a step (SWAR): in wasm, where strings.IndexByte is a

@@ -1,0 +1,350 @@
+package routing
+
+// promptWriter appends the canonical prompt of a request (docs/behaviour.md, Reading
+// the request) and measures it for the token estimate. Its methods read JSON text s
+// from the value that starts at s[v] and return where that value ends.
+type promptWriter struct {
+	buf    []byte
+	spans  stringSpans // the long strings decoded from the body, for the shape check to jump over
+	inCopy bool        // reading a copy of a member, whose positions are not the body's
+	lines  int         // lines begun; every line but the first starts with "\n"
+
+	raw    int  // bytes appended that are not text: raw JSON parts, items and tool calls
+	unkept int  // text bytes counted but not appended: a batch's strings after the first
+	ids    int  // token ids read, when isIDs
+	isIDs  bool // the prompt is token ids, 4 bytes each in buf
+}
+
+// estimate returns the size of one prefix block in the prompt and the prompt's token
+// estimate: a token an id for token ids, else text bytes / charsPerToken.
+func (w *promptWriter) estimate(charsPerToken, blockTokens int) (blockBytes, tokens int) {
+	if w.isIDs {
+		return blockTokens * tokenIDBytes, w.ids
+	}
+	return blockTokens * charsPerToken, (len(w.buf) - w.raw + w.unkept) / charsPerToken
+}
+
+// bodySpans is where to record the strings decoded from s: nil while s is a copy.
+func (w *promptWriter) bodySpans() *stringSpans {
+	if w.inCopy {
+		return nil
+	}
+	return &w.spans
+}
+
+// newLine begins a line: "\n" unless it is the first.
+func (w *promptWriter) newLine() {
+	if w.lines > 0 {
+		w.buf = append(w.buf, '\n')
+	}
+	w.lines++
+}
+
+// roleLine begins the line role + ":" (role is raw JSON; not a string: empty).
+func (w *promptWriter) roleLine(role string) {
+	w.newLine()
+	if isString(role) {
+		w.buf, _ = appendString(w.buf, role, 0)
+	}
+	w.buf = append(w.buf, ':')
+}
+
+// appendRaw appends raw JSON, which is hashed but is not text.
+func (w *promptWriter) appendRaw(raw string) {
+	w.buf = append(w.buf, raw...)
+	w.raw += len(raw)
+}
+
+// chat appends the lines of the chat completions "messages" array at s[v].
+func (w *promptWriter) chat(s string, v int) (end int, err error) {
+	if s[v] != '[' {
+		return 0, errMessages
+	}
+	for i := v + 1; ; {
+		m, end := elementAt(s, i)
+		if m < 0 {
+			return end, nil
+		}
+		if s[m] != '{' {
+			return 0, errMessages
+		}
+		if i, err = w.chatMessage(s, m); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// message is what reading a message object (or a responses input item) found.
+type message struct {
+	role, content, toolCalls string // raw JSON; "" means absent
+	inPlace                  bool   // the line was appended as the content was met
+	end                      int    // just past the object
+}
+
+// readMessage reads the message object at s[m]. In the usual order, role then a
+// string or array content, it appends the line where it meets the content, so a long
+// prompt is decoded in the same pass; otherwise the caller builds the line from the
+// raw members.
+func (w *promptWriter) readMessage(s string, m int) message {
+	var msg message
+	contentSeen := false
+	for i := m + 1; ; {
+		k, v, close := memberAt(s, i)
+		if v < 0 {
+			msg.end = close
+			return msg
+		}
+		switch {
+		case k == "role" && msg.role == "":
+			i = valueEnd(s, v)
+			msg.role = s[v:i]
+		case k == "content" && !contentSeen && msg.role != "" && (s[v] == '"' || s[v] == '['):
+			contentSeen, msg.inPlace = true, true
+			w.roleLine(msg.role)
+			i = w.content(s, v, w.bodySpans())
+		case k == "content" && !contentSeen:
+			contentSeen = true
+			i = valueEnd(s, v)
+			msg.content = s[v:i]
+		case k == "tool_calls" && msg.toolCalls == "":
+			i = valueEnd(s, v)
+			msg.toolCalls = s[v:i]
+		default:
+			i = valueEnd(s, v)
+		}
+	}
+}
+
+// chatMessage appends the line of the chat message at s[m], then its tool calls.
+func (w *promptWriter) chatMessage(s string, m int) (end int, err error) {
+	msg := w.readMessage(s, m)
+	switch {
+	case msg.inPlace:
+	case isString(msg.content) || isArray(msg.content):
+		w.roleLine(msg.role)
+		w.content(msg.content, 0, nil) // msg.content is a copy
+	case msg.content == "" || msg.content == "null":
+		w.roleLine(msg.role)
+	default:
+		return 0, errContent
+	}
+	if isArray(msg.toolCalls) || isObject(msg.toolCalls) {
+		w.appendRaw(msg.toolCalls)
+	}
+	return msg.end, nil
+}
+
+// inputItem appends the line of the responses input item at s[p]: as a chat message
+// when it has a string or array content, else its raw JSON.
+func (w *promptWriter) inputItem(s string, p int) (end int) {
+	msg := w.readMessage(s, p)
+	switch {
+	case msg.inPlace:
+	case isString(msg.content) || isArray(msg.content):
+		w.roleLine(msg.role)
+		w.content(msg.content, 0, nil) // msg.content is a copy
+	default:
+		w.newLine()
+		w.appendRaw(s[p:msg.end])
+	}
+	return msg.end
+}
+
+// content appends the message content at s[v], a string or an array of parts: a part
+// whose first "text" member is a string is text, any other part is appended as its
+// raw JSON. spans is nil when s is a copy of a member.
+func (w *promptWriter) content(s string, v int, spans *stringSpans) (end int) {
+	if s[v] == '"' {
+		w.buf, end = appendString(w.buf, s, v)
+		spans.add(v, end)
+		return end
+	}
+	for i := v + 1; ; {
+		p, end := elementAt(s, i)
+		if p < 0 {
+			return end
+		}
+		isText := false
+		if s[p] == '{' {
+			isText, i = w.textPart(s, p)
+		} else {
+			i = valueEnd(s, p)
+		}
+		if !isText {
+			w.appendRaw(s[p:i])
+		}
+	}
+}
+
+// textPart appends the text of the content part whose object starts at s[p] if its
+// first "text" member is a string, and says whether it did.
+func (w *promptWriter) textPart(s string, p int) (isText bool, end int) {
+	textSeen := false
+	for i := p + 1; ; {
+		k, v, close := memberAt(s, i)
+		if v < 0 {
+			return isText, close
+		}
+		if k == "text" && !textSeen {
+			textSeen = true
+			if s[v] == '"' {
+				w.buf, i = appendString(w.buf, s, v)
+				isText = true
+				continue
+			}
+		}
+		i = valueEnd(s, v)
+	}
+}
+
+// completion appends the completions "prompt" at s[v]: a string, or an array of
+// strings, of token ids or of arrays of token ids.
+func (w *promptWriter) completion(s string, v int) (end int, err error) {
+	switch s[v] {
+	case '"':
+		w.buf, end = appendString(w.buf, s, v)
+		w.bodySpans().add(v, end)
+		return end, nil
+	case '[':
+		return w.completionArray(s, v)
+	}
+	return 0, errPrompt
+}
+
+// completionArray appends the completions "prompt" array at s[v]. Its elements must be
+// all strings (a batch), all token ids, or all arrays of token ids (a batch); a batch
+// is counted over all its prompts and hashed over the first.
+func (w *promptWriter) completionArray(s string, v int) (end int, err error) {
+	var kind byte // of the elements: '"' strings, '0' token ids, '[' arrays of token ids
+	for i := v + 1; ; {
+		p, end := elementAt(s, i)
+		if p < 0 {
+			w.isIDs = kind == '0' || kind == '['
+			return end, nil
+		}
+		k := s[p]
+		if k == '-' || k >= '0' && k <= '9' {
+			k = '0'
+		}
+		first := kind == 0
+		if first {
+			kind = k
+		}
+		switch {
+		case k != kind:
+			return 0, errPrompt
+		case k == '"':
+			mark := len(w.buf)
+			w.buf, i = appendString(w.buf, s, p)
+			if !first { // only the first string is hashed
+				w.unkept += len(w.buf) - mark
+				w.buf = w.buf[:mark]
+			}
+		case k == '0':
+			i, err = w.tokenID(s, p)
+		case k == '[' && first:
+			i, err = w.tokenIDs(s, p)
+		case k == '[':
+			i, err = countTokenIDs(s, p, &w.ids)
+		default:
+			return 0, errPrompt
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+}
+
+// tokenID appends the token id at s[p].
+func (w *promptWriter) tokenID(s string, p int) (end int, err error) {
+	end = valueEnd(s, p)
+	id, ok := parseTokenID(s[p:end])
+	if !ok {
+		return 0, errTokenID
+	}
+	w.buf = appendTokenID(w.buf, id)
+	w.ids++
+	return end, nil
+}
+
+// tokenIDs appends the array of token ids at s[p].
+func (w *promptWriter) tokenIDs(s string, p int) (end int, err error) {
+	for j := p + 1; ; {
+		q, qend := elementAt(s, j)
+		if q < 0 {
+			return qend, nil
+		}
+		if j, err = w.tokenID(s, q); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// countTokenIDs adds to *n the number of token ids in the array at s[p], checking
+// each.
+func countTokenIDs(s string, p int, n *int) (end int, err error) {
+	for j := p + 1; ; {
+		q, qend := elementAt(s, j)
+		if q < 0 {
+			return qend, nil
+		}
+		j = valueEnd(s, q)
+		if _, ok := parseTokenID(s[q:j]); !ok {
+			return 0, errTokenID
+		}
+		*n++
+	}
+}
+
+// parseTokenID parses the raw JSON of a token id: an integer in [0, 2^32).
+func parseTokenID(raw string) (uint32, bool) {
+	if raw == "" || len(raw) > len("4294967295") {
+		return 0, false
+	}
+	var v uint64
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		v = v*10 + uint64(c-'0')
+	}
+	return uint32(v), v <= maxTokenID
+}
+
+// appendTokenID appends a token id as 4 little-endian bytes.
+func appendTokenID(dst []byte, id uint32) []byte {
+	return append(dst, byte(id), byte(id>>8), byte(id>>16), byte(id>>24))
+}
+
+// responses appends the prompt of a responses request from its raw "instructions"
+// and "input" members.
+func (w *promptWriter) responses(instructions, input string) error {
+	w.inCopy = true
+	switch {
+	case instructions == "" || instructions == "null":
+	case isString(instructions):
+		w.roleLine(`"` + instructionsRole + `"`)
+		w.buf, _ = appendString(w.buf, instructions, 0)
+	default:
+		return errInstructions
+	}
+	if isString(input) {
+		w.roleLine(`"` + stringInputRole + `"`)
+		w.buf, _ = appendString(w.buf, input, 0)
+		return nil
+	}
+	if !isArray(input) {
+		return errInput
+	}
+	for i := 1; ; {
+		p, _ := elementAt(input, i)
+		if p < 0 {
+			return nil
+		}
+		if input[p] != '{' {
+			return errInput
+		}
+		i = w.inputItem(input, p)
+	}
+}
