@@ -42,10 +42,10 @@ func HashCheckpoints(model string, prompt []byte, blockBytes int, dst []Checkpoi
 	}
 	// Seeded with the model's hash rather than fed its name, the chain stays aligned
 	// to xxhash's 32-byte stripes. At the defaults a block is 64 bytes, so the stripes
-	// are hashed inline here and a checkpoint's sum has no tail to fold in: 3× faster in
-	// wasm than xxhash.Digest, whose Write and Sum64 calls dominate at 32 checkpoints a
-	// 4 KiB prompt. Other block sizes go through the Digest; both give xxhash64 of the
-	// blocks with the model's hash as seed.
+	// are hashed inline here and a checkpoint's sum has no tail to fold in, sparing the
+	// Write and Sum64 calls of xxhash.Digest that would otherwise dominate in wasm with
+	// a checkpoint every few blocks. Other block sizes go through the Digest; both give
+	// xxhash64 of the blocks with the model's hash as seed.
 	seed := xxhash.Sum64String(model)
 	if blockBytes%xxStripe == 0 {
 		return hashStripes(seed, prompt, blockBytes, n, dst), n
@@ -57,8 +57,8 @@ func HashCheckpoints(model string, prompt []byte, blockBytes int, dst []Checkpoi
 		if k > n {
 			k = n
 		}
-		// The bytes between two checkpoints go in one write: far faster than a write
-		// a block (16× in wasm), and the same chain.
+		// The bytes between two checkpoints go in one write: one call instead of one a
+		// block, and the same chain.
 		_, _ = d.Write(prompt[written*blockBytes : k*blockBytes])
 		written = k
 		dst = append(dst, Checkpoint{Pos: k, Hash: d.Sum64()})

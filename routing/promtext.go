@@ -18,12 +18,10 @@ import (
 // better ignored whole than half-trusted. The work is linear in the text: every byte is
 // looked at a bounded number of times, and nothing is allocated per sample.
 //
-// Why not github.com/prometheus/common/expfmt: v0.72.1 builds for GOOS=wasip1, but
-// linking its TextParser into the filter took build/kvroute.wasm from 4,604,896 to
-// 10,471,362 bytes (+5.9 MB, +127%; go1.26, -buildmode=c-shared -trimpath), mostly its
-// protobuf metric model (prometheus/client_model, google.golang.org/protobuf), and
-// `go get` of it raises go.mod to go 1.26 and golang.org/x/sys. This reader adds about
-// 14 KB (ParseEngineMetrics on top of it about 40 KB) to the same build.
+// Why not github.com/prometheus/common/expfmt: it builds for GOOS=wasip1, but linking
+// its TextParser into the filter more than doubles build/kvroute.wasm, mostly with its
+// protobuf metric model (prometheus/client_model, google.golang.org/protobuf), and it
+// raises go.mod's Go version. This reader adds a few kilobytes.
 
 // ErrPromText is wrapped by every error scanPrometheus returns.
 var ErrPromText = errors.New("kvroute: malformed prometheus text")
