@@ -4,31 +4,31 @@ package routing
 // these structs by TestConfigDocs). It is built by ParseConfig from
 // the JSON Envoy or Istio hands the plugin; DefaultConfig holds every default.
 type Config struct {
-	Routes            []string
-	MaxBodyBytes      int64
-	CharsPerToken     int
-	TrustClientDPRank bool
-	Pools             Pools
-	Conversation      ConversationConfig
-	Prefix            PrefixConfig
-	Balance           BalanceConfig
-	Disaggregation    DisaggregationConfig
-	Health            HealthConfig
-	EngineMetrics     EngineMetricsConfig
-	State             StateConfig
-	Headers           HeadersConfig
+	Routes            []string             // paths routed (POST, matched exactly); others pass through
+	MaxBodyBytes      int64                // largest body buffered and read; past it, decided at the headers
+	CharsPerToken     int                  // bytes of UTF-8 prompt text per estimated token
+	TrustClientDPRank bool                 // honour a DP rank the client sends in Headers.DPRank
+	Pools             Pools                // the inference servers
+	Conversation      ConversationConfig   // explicit conversation ids
+	Prefix            PrefixConfig         // prefix-aware routing
+	Balance           BalanceConfig        // load against cache hits
+	Disaggregation    DisaggregationConfig // prefill/decode disaggregation
+	Health            HealthConfig         // passive ejection of failing endpoints
+	EngineMetrics     EngineMetricsConfig  // load scraped from the engines' Prometheus pages
+	State             StateConfig          // shared data between VMs
+	Headers           HeadersConfig        // names of the request headers the filter owns
 }
 
 // Pools holds the decode pool (required) and the prefill pool (optional).
 type Pools struct {
-	Decode  Pool
-	Prefill Pool
+	Decode  Pool // every worker, when there is no disaggregation
+	Prefill Pool // needed by every disaggregation mode but off
 }
 
 // Pool is a list of inference server endpoints: static, discovered, or static until
 // the first discovery answer.
 type Pool struct {
-	Endpoints []Endpoint
+	Endpoints []Endpoint       // addresses unique; each (endpoint, rank) is a target
 	Discovery *DiscoveryConfig // nil: the endpoints are static
 }
 
@@ -80,21 +80,23 @@ const (
 	FirstTurnScore       = "score"
 )
 
+// ConversationConfig is conversation affinity by explicit id.
 type ConversationConfig struct {
-	Enabled     bool
-	Headers     []string // lower-cased at parse time
-	BodyFields  []string // gjson paths
-	MaxSessions int
-	FirstTurn   string
+	Enabled     bool     // use explicit conversation ids at all
+	Headers     []string // headers carrying an id, the first non-empty wins; lower-cased at parse time
+	BodyFields  []string // gjson paths read when no header gave an id, the first id wins
+	MaxSessions int      // capacity of each pool's conversation table (least recently used dropped)
+	FirstTurn   string   // placement of a conversation with no live mapping: a FirstTurn* policy
 }
 
+// PrefixConfig is prefix-aware routing over the canonical prompt's blocks.
 type PrefixConfig struct {
-	Enabled               bool
-	BlockTokens           int
-	MatchRateThreshold    float64
-	ContinuationThreshold float64
-	SkipBlocks            int
-	CapacityBlocks        int
+	Enabled               bool    // prefix index, implicit continuation and the cost's prefix term
+	BlockTokens           int     // tokens per prefix block; match the engine's KV block size
+	MatchRateThreshold    float64 // cached prefixes count only above this share of the prompt
+	ContinuationThreshold float64 // share of blocks one target must hold for a request to follow them
+	SkipBlocks            int     // leading blocks the continuation test ignores (a shared system prompt)
+	CapacityBlocks        int     // prefix index entries per pool in each VM
 }
 
 // Load metrics (balance.load_metric).
@@ -103,10 +105,11 @@ const (
 	LoadMetricTokens   = "tokens"
 )
 
+// BalanceConfig weighs load against cache hits.
 type BalanceConfig struct {
-	LoadMetric          string
-	LoadWeight          float64
-	FairShareMultiplier float64
+	LoadMetric          string  // what least_loaded compares: a LoadMetric* value
+	LoadWeight          float64 // weight of load against cache hits in the cost
+	FairShareMultiplier float64 // a target may carry this many fair shares before spilling
 }
 
 // Disaggregation modes (disaggregation.mode).
@@ -118,18 +121,20 @@ const (
 	ModeSGLang  = "sglang"
 )
 
+// DisaggregationConfig is prefill/decode disaggregation.
 type DisaggregationConfig struct {
-	Mode             string
-	ThresholdTokens  int
-	UncachedOnly     bool
-	PrefillCluster   string
-	PrefillTimeoutMS int64
+	Mode             string // a Mode* value; off sends every request to the decode pool alone
+	ThresholdTokens  int    // prompts of at least this many estimated tokens are disaggregated
+	UncachedOnly     bool   // count only tokens not already cached on the decode target
+	PrefillCluster   string // Envoy cluster of the inline modes' prefill call
+	PrefillTimeoutMS int64  // past it the request is decoded directly
 }
 
+// HealthConfig is passive ejection of endpoints that answer with failures.
 type HealthConfig struct {
-	FailureStatuses  []int
-	FailureThreshold int
-	CooldownMS       int64
+	FailureStatuses  []int // response statuses that count as a failure of the endpoint
+	FailureThreshold int   // consecutive failures that eject an endpoint
+	CooldownMS       int64 // how long an ejection lasts
 }
 
 // Engine metric flavors (engine_metrics.flavor).
@@ -139,29 +144,31 @@ const (
 	FlavorTRTLLM = "trtllm"
 )
 
+// EngineMetricsConfig is load read from the engines' own Prometheus pages.
 type EngineMetricsConfig struct {
-	Enabled    bool
-	Flavor     string
-	Cluster    string
-	Path       string
-	IntervalMS int64
-	StaleMS    int64
+	Enabled    bool   // scrape every endpoint and count its running + waiting requests as load
+	Flavor     string // whose metric names to read: a Flavor* value
+	Cluster    string // Envoy cluster scrapes go through, honouring the destination header
+	Path       string // the scrape path
+	IntervalMS int64  // time between two scrapes of the fleet
+	StaleMS    int64  // figures older than this are ignored
 }
 
+// StateConfig is the state shared by the VMs of one Envoy.
 type StateConfig struct {
-	Namespace     string
-	MaxCASRetries int
-	LeaseMS       int64
+	Namespace     string // prefix of every shared-data key
+	MaxCASRetries int    // compare-and-swap retries before a request is decided without state
+	LeaseMS       int64  // load of a request whose end never arrives stops counting after this
 }
 
 // HeadersConfig names the request headers the filter owns. An empty Decision disables
 // the decision header; the others must be set.
 type HeadersConfig struct {
-	Destination        string
-	DPRank             string
-	PrefillDestination string
-	PrefillDPRank      string
-	Decision           string
+	Destination        string // the chosen target's endpoint, host:port
+	DPRank             string // the chosen rank, when its endpoint has more than one
+	PrefillDestination string // sidecar mode: the prefill endpoint
+	PrefillDPRank      string // sidecar mode: the prefill rank, when its endpoint has more than one
+	Decision           string // the decision; "" turns it off
 }
 
 // DefaultBootstrapPort is SGLang's default disaggregation bootstrap port.
