@@ -196,9 +196,8 @@ func (c *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) (a
 	// Envoy's flags are worth a host call only on a 5xx: an upstream failure it
 	// answers locally (a reset, a refused connection) shows as one.
 	c.reportHealth(c.isFailureStatus(code) || code >= 500 && upstreamFailed())
-	if c.plugin.cfg.Disaggregation.Mode == routing.ModeSidecar {
-		// The sidecar's prefill and KV transfer are over once the decoder answers.
-		c.releasePrefill()
+	if pd := c.plugin.pd; pd != nil {
+		pd.decodeAnswered(c)
 	}
 	return types.ActionContinue
 }

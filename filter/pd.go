@@ -7,22 +7,53 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 )
 
-// The prefill/decode flows (docs/behaviour.md, Prefill/decode disaggregation). startPD
-// runs once the decision is made and says whether the request must wait (an inline prefill
-// is in flight).
+// The prefill/decode flows (docs/behaviour.md, Prefill/decode disaggregation). Each
+// disaggregation mode is one pdMode, in its own pd_<mode>.go; startPD runs once the
+// decision is made and says whether the request must wait (an inline prefill is in
+// flight).
+
+// pdMode is one disaggregation mode: it builds the prefill leg, reads its answer and
+// edits the decode leg.
+type pdMode interface {
+	// inline says whether the filter makes the prefill call itself from the request
+	// body: then a request whose body is not buffered and readable is decoded directly.
+	inline() bool
+	// start builds and sends the prefill leg (or hands it to the decode leg) for a
+	// disaggregated request, and says whether the request must wait for its answer.
+	start(c *httpContext, body []byte) (wait bool)
+	// prefillAnswered reads the answer of the prefill call (status 0: none came) and
+	// edits and resumes the decode leg.
+	prefillAnswered(c *httpContext, status int, answer []byte)
+	// decodeAnswered runs when the decode leg's response headers arrive.
+	decodeAnswered(c *httpContext)
+}
+
+// pdModes are the disaggregation modes by their disaggregation.mode name; off has none.
+var pdModes = map[string]pdMode{
+	routing.ModeSidecar: sidecarMode{},
+	routing.ModeVLLM:    vllmMode{},
+	routing.ModeTRTLLM:  trtllmMode{},
+	routing.ModeSGLang:  sglangMode{},
+}
+
+// inlineMode is what the modes whose filter makes the prefill call share.
+type inlineMode struct{}
+
+func (inlineMode) inline() bool                { return true }
+func (inlineMode) decodeAnswered(*httpContext) {}
 
 func (c *httpContext) startPD(body []byte) (wait bool) {
 	d := &c.decision
-	cfg := &c.plugin.cfg
+	mode := c.plugin.pd
 	m := c.plugin.metrics
-	if body != nil && !c.unparsable && cfg.Disaggregation.Mode != routing.ModeOff {
+	if mode != nil && body != nil && !c.unparsable {
 		// In a P/D fleet only kvroute sets the engines' P/D members: a client's go.
 		if stripped, changed := routing.StripPDFields(body); changed {
 			c.replaceBody(stripped)
 			body, c.body = stripped, stripped
 		}
 	}
-	if d.PD == routing.PDDisaggregated && (body == nil || c.unparsable) && cfg.Disaggregation.Mode != routing.ModeSidecar {
+	if d.PD == routing.PDDisaggregated && (body == nil || c.unparsable) && (mode == nil || mode.inline()) {
 		// An inline prefill rewrites the body; a body that streams through unbuffered
 		// (or none at all), or one that failed open, can only be decoded directly.
 		c.releasePrefill()
@@ -37,48 +68,28 @@ func (c *httpContext) startPD(body []byte) (wait bool) {
 	default:
 		return false
 	}
-	h := &cfg.Headers
-	switch cfg.Disaggregation.Mode {
-	case routing.ModeSidecar:
-		_ = proxywasm.ReplaceHttpRequestHeader(h.PrefillDestination, d.Prefill.Address)
-		if d.Prefill.DPSize > 1 {
-			_ = proxywasm.ReplaceHttpRequestHeader(h.PrefillDPRank, d.Prefill.RankText)
-		}
-		return false
-	case routing.ModeVLLM:
-		prefillBody, err := routing.VLLMPrefillBody(body)
-		if err != nil {
-			c.prefillFailed()
-			return false
-		}
-		return c.dispatchPrefill(prefillBody, c.onVLLMPrefill)
-	case routing.ModeTRTLLM:
-		prefillBody, err := routing.TRTLLMContextBody(body)
-		if err != nil {
-			c.prefillFailed()
-			return false
-		}
-		return c.dispatchPrefill(prefillBody, c.onTRTLLMContext)
-	case routing.ModeSGLang:
-		room := routing.BootstrapRoom(c.req.Identity)
-		both, err := routing.SGLangBootstrapBody(body, routing.HostOfAddress(d.Prefill.Address), d.Prefill.BootstrapPort, room)
-		if err != nil {
-			c.prefillFailed()
-			return false
-		}
-		// The same body goes to both at once: the prefill's answer is only drained.
-		if c.dispatchPrefill(both, c.onSGLangPrefill) {
-			c.replaceBody(both)
-		}
+	if mode == nil {
 		return false
 	}
-	return false
+	return mode.start(c, body)
+}
+
+// sendPrefill sends the prefill leg a mode built (see dispatchPrefill). It returns
+// false, having fallen back to direct decode, when the mode could not build it (err)
+// or the host refuses it.
+func (c *httpContext) sendPrefill(body []byte, err error) bool {
+	if err != nil {
+		c.prefillFailed()
+		return false
+	}
+	return c.dispatchPrefill(body)
 }
 
 // dispatchPrefill sends the prefill leg to disaggregation.prefill_cluster, with the
 // prefill target in the destination (and rank) header and the request's x-request-id.
-// It returns false, having fallen back to direct decode, when the host refuses.
-func (c *httpContext) dispatchPrefill(body []byte, onResponse func(int, int, int)) bool {
+// Its answer goes to the mode's prefillAnswered. It returns false, having fallen back
+// to direct decode, when the host refuses.
+func (c *httpContext) dispatchPrefill(body []byte) bool {
 	cfg := &c.plugin.cfg
 	d := &c.decision
 	path, _ := proxywasm.GetHttpRequestHeader(":path")
@@ -94,7 +105,7 @@ func (c *httpContext) dispatchPrefill(body []byte, onResponse func(int, int, int
 		headers = append(headers, [2]string{cfg.Headers.DPRank, d.Prefill.RankText})
 	}
 	timeout := uint32(cfg.Disaggregation.PrefillTimeoutMS)
-	if _, err := proxywasm.DispatchHttpCall(cfg.Disaggregation.PrefillCluster, headers, body, nil, timeout, onResponse); err != nil {
+	if _, err := proxywasm.DispatchHttpCall(cfg.Disaggregation.PrefillCluster, headers, body, nil, timeout, c.onPrefillAnswer); err != nil {
 		proxywasm.LogWarnf("kvroute: prefill call to cluster %q failed: %v", cfg.Disaggregation.PrefillCluster, err)
 		c.prefillFailed()
 		return false
@@ -135,66 +146,26 @@ func (c *httpContext) prefillResponse(bodySize int) (status int, body []byte) {
 	return status, body
 }
 
-// prefillSucceeded handles what every inline answer needs: a 4xx goes back to the
-// client, anything else but a 2xx falls back to direct decode and resumes. It returns
-// the 2xx answer for the mode to use.
-func (c *httpContext) prefillSucceeded(bodySize int) (status int, body []byte, ok bool) {
-	status, body = c.prefillResponse(bodySize)
+// onPrefillAnswer is the prefill call's callback: it hands the answer to the mode.
+func (c *httpContext) onPrefillAnswer(_, bodySize, _ int) {
+	defer c.resumeOnPanic()
+	status, body := c.prefillResponse(bodySize)
+	c.plugin.pd.prefillAnswered(c, status, body)
+}
+
+// prefillSucceeded handles what every inline answer that the decode leg builds on
+// needs: a 4xx goes back to the client, anything else but a 2xx falls back to direct
+// decode and resumes. It says whether the answer is a 2xx for the mode to use.
+func (c *httpContext) prefillSucceeded(status int, body []byte) bool {
 	if c.prefillRejected(status, body) {
-		return status, nil, false
+		return false
 	}
 	if status/100 != 2 {
 		c.prefillFailed()
 		_ = proxywasm.ResumeHttpRequest()
-		return status, nil, false
+		return false
 	}
-	return status, body, true
-}
-
-func (c *httpContext) onVLLMPrefill(_, bodySize, _ int) {
-	defer c.resumeOnPanic()
-	_, body, ok := c.prefillSucceeded(bodySize)
-	if !ok {
-		return
-	}
-	decodeBody, err := routing.VLLMDecodeBody(c.body, body)
-	if err != nil {
-		c.prefillFailed()
-	} else {
-		c.replaceBody(decodeBody)
-	}
-	_ = proxywasm.ResumeHttpRequest()
-}
-
-func (c *httpContext) onTRTLLMContext(_, bodySize, _ int) {
-	defer c.resumeOnPanic()
-	status, body, ok := c.prefillSucceeded(bodySize)
-	if !ok {
-		return
-	}
-	generation, passthrough, err := routing.TRTLLMGenerationBody(c.body, body)
-	switch {
-	case err != nil:
-		c.prefillFailed()
-	case passthrough:
-		// The context phase already finished the answer: it goes back as it is.
-		c.answered = true
-		_ = proxywasm.SendHttpResponse(uint32(status), [][2]string{{"content-type", "application/json"}}, body, -1)
-		return
-	default:
-		c.replaceBody(generation)
-	}
-	_ = proxywasm.ResumeHttpRequest()
-}
-
-func (c *httpContext) onSGLangPrefill(_, bodySize, _ int) {
-	defer c.resumeOnPanic()
-	status, _ := c.prefillResponse(bodySize)
-	if status/100 != 2 {
-		// The decode leg already left with the bootstrap fields; SGLang's decoder
-		// times the bootstrap out. Count it.
-		c.plugin.metrics.pdPrefillFailure.Increment(1)
-	}
+	return true
 }
 
 // prefillRejected sends a 4xx from the prefill back to the client, as it is.

@@ -18,6 +18,7 @@ type pluginContext struct {
 	routes  map[string]routing.API
 	owned   []string // owned header names, stripped from every request
 	roles   *headerRoles
+	pd      pdMode // the disaggregation mode; nil when off
 
 	extractOpt  routing.ExtractOptions
 	promptBuf   []byte // the canonical prompt of the request being decided
@@ -47,6 +48,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 		return types.OnPluginStartStatusFailed
 	}
 	p.cfg = cfg
+	p.pd = pdModes[cfg.Disaggregation.Mode]
 	p.extractOpt = routing.ExtractOptions{CharsPerToken: cfg.CharsPerToken, BlockTokens: cfg.Prefix.BlockTokens}
 	if cfg.Conversation.Enabled {
 		p.extractOpt.BodyFields = cfg.Conversation.BodyFields
