@@ -59,12 +59,12 @@ const (
 // /clusters for the hosts and health of ServiceCluster; with "http", a JSON endpoint list
 // at Path. Endpoints that name no dp_size get DPSize.
 type DiscoveryConfig struct {
-	Source         string
-	Cluster        string
-	ServiceCluster string
-	Path           string
-	DPSize         int
-	IntervalMS     int64
+	Source         string // DiscoveryEnvoyAdmin or DiscoveryHTTP
+	Cluster        string // the Envoy cluster the poll is sent through
+	ServiceCluster string // envoy_admin: the cluster whose hosts are the endpoints
+	Path           string // http: the path of the endpoint list
+	DPSize         int    // ranks of an endpoint the source gives no dp_size for
+	IntervalMS     int64  // between polls
 }
 
 // DefaultDiscovery holds the defaults of a discovery block.
