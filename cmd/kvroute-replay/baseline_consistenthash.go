@@ -23,11 +23,15 @@ type ringPoint struct {
 
 const virtualNodesPerTarget = 160
 
-func newConsistentHash(cfg FleetConfig) *consistentHash {
+func newConsistentHash(cfg FleetConfig) *consistentHash { return newConsistentHashSalted(cfg, 0) }
+
+// newConsistentHashSalted builds the ring with another hash function (salt > 0): the
+// placement of a replay's draw, as another deployment's worker URLs would give.
+func newConsistentHashSalted(cfg FleetConfig, salt uint64) *consistentHash {
 	p := &consistentHash{}
 	for t := 0; t < cfg.Targets(); t++ {
 		for v := 0; v < virtualNodesPerTarget; v++ {
-			p.ring = append(p.ring, ringPoint{hashString(0x7269_6e67, cfg.TargetName(t)+":"+strconv.Itoa(v)), t})
+			p.ring = append(p.ring, ringPoint{hashString(0x7269_6e67+salt*0x9e3779b97f4a7c15, cfg.TargetName(t)+":"+strconv.Itoa(v)), t})
 		}
 	}
 	sort.Slice(p.ring, func(i, j int) bool { return p.ring[i].hash < p.ring[j].hash })

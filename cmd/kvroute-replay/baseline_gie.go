@@ -24,8 +24,10 @@ import "math/rand/v2"
 //     highest score (a random one of equals).
 //
 // Modelling choice: the engine metrics (waiting requests, KV usage) are read from
-// the fleet model at the instant of the decision, not scraped every 50 ms: this
-// favours the baseline.
+// the fleet model exactly, at the instant of the decision. The endpoint picker
+// scrapes them every 50 ms (its refresh-metrics-interval default, pkg/epp/server/
+// runserver.go), so they are at most 50 ms old there: exact figures are the rule as
+// published at its best. A draw of the replay reseeds the picker's shuffle.
 type gieDefaultScorers struct {
 	indexer   []*LRU // per target
 	modelHash map[string]uint64

@@ -30,6 +30,7 @@ type sglangCacheAware struct {
 	absThreshold   int
 	relThreshold   float64
 	trees          []*LRU // per target: 64-byte chunk hashes of the text routed there
+	tieStart       int    // where the search for the smallest tree starts (a replay's draw)
 }
 
 const sglangChunk = 64
@@ -106,10 +107,14 @@ func (p *sglangCacheAware) prefixMatch(chunks []uint64) (matched, tree int) {
 	return matched, best
 }
 
+// smallestTree is the worker with the fewest characters in its tree, the first of
+// equals counting from tieStart (Rust's min_by_key over a HashMap has no fixed order).
 func (p *sglangCacheAware) smallestTree() int {
-	best := 0
-	for i, t := range p.trees {
-		if t.Len() < p.trees[best].Len() {
+	n := len(p.trees)
+	best := p.tieStart % n
+	for k := 1; k < n; k++ {
+		i := (p.tieStart + k) % n
+		if p.trees[i].Len() < p.trees[best].Len() {
 			best = i
 		}
 	}

@@ -163,16 +163,27 @@ func (f *Fleet) admit(tg *target, j *job) {
 	tg.running = append(tg.running, j)
 	f.ttft = append(f.ttft, prefillEnd-r.ArrivalMS)
 	f.seq++
+	heap.Push(&f.events, event{at: prefillEnd, seq: f.seq, job: j, firstToken: true})
+	f.seq++
 	heap.Push(&f.events, event{at: j.done, seq: f.seq, job: j})
 }
 
-// advance completes, in time order, every request done by until, telling p of each
-// completion before anything that happens later.
+// advance delivers, in time order, every first token and completion due by until,
+// telling p of each before anything that happens later. Responses are streamed: the
+// first chunk reaches the router when the prefill ends (FirstToken), the rest at the
+// completion (Done).
 func (f *Fleet) advance(until float64, p Policy) {
+	ft, _ := p.(FirstTokenPolicy)
 	for len(f.events) > 0 && f.events[0].at <= until {
 		e := heap.Pop(&f.events).(event)
 		f.now = e.at
 		j := e.job
+		if e.firstToken {
+			if ft != nil {
+				ft.FirstToken(j.r, j.target)
+			}
+			continue
+		}
 		tg := f.targets[j.target]
 		for k, x := range tg.running {
 			if x == j {
@@ -320,11 +331,12 @@ func OracleHitRate(reqs []*Request, capacityBlocks int) float64 {
 	return ratio(float64(hit), float64(total))
 }
 
-// event is a completion.
+// event is a first token (the prefill is over) or a completion.
 type event struct {
-	at  float64
-	seq int
-	job *job
+	at         float64
+	seq        int
+	job        *job
+	firstToken bool
 }
 
 type eventHeap []event

@@ -235,3 +235,64 @@ func TestFleetNamesAreEndpointMajor(t *testing.T) {
 	assert.Equal(t, "10.0.1.0:8000", cfg.Address(255))
 	assert.Equal(t, 600, cfg.Targets())
 }
+
+// streamed records first tokens too.
+type streamed struct{ scripted }
+
+func (s *streamed) FirstToken(r *Request, target int) {
+	s.log = append(s.log, "first", itoa(r.Index))
+	s.seen = append(s.seen, s.fleet.Now())
+}
+
+func TestFirstTokenComesAtTheEndOfThePrefill(t *testing.T) {
+	cfg := oneTarget()
+	// r0 at 0: prefill 100 ms (first token at 100), decode 50 ms: done at 150.
+	// r1 at 120 waits for nothing: first token at 220, done at 270.
+	// r2 at 130 queues behind r1's prefill: first token at 320.
+	reqs := []*Request{
+		textReq(0, 0, []uint64{1}, 100, 5, "a"),
+		textReq(1, 120, []uint64{2}, 100, 5, "b"),
+		textReq(2, 130, []uint64{3}, 100, 5, "c"),
+	}
+	p := &streamed{scripted{targets: []int{0, 0, 0}}}
+	_, err := Replay(reqs, cfg, p)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"choose", "0", "first", "0", "choose", "1", "choose", "2", "done", "0",
+		"first", "1", "done", "1", "first", "2", "done", "2"}, p.log)
+	assert.Equal(t, []float64{100, 150, 220, 270, 320, 370}, p.seen)
+}
+
+func TestSpeedsAndDrawsFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-speed", "1, 2.5", "-draws", "8"})
+	require.NoError(t, err)
+	assert.Equal(t, []float64{1, 2.5}, o.speeds)
+	assert.Equal(t, 1.0, o.speed)
+	assert.Equal(t, 8, o.draws)
+	_, err = parseFlags([]string{"-speed", "1,0"})
+	assert.ErrorContains(t, err, "-speed")
+	_, err = parseFlags([]string{"-draws", "0"})
+	assert.ErrorContains(t, err, "-draws")
+	assert.Equal(t, "", drawSalt("", 0))
+	assert.Equal(t, "xd3", drawSalt("x", 3))
+	reqs := []*Request{textReq(0, 10, nil, 1, 1, "a"), textReq(1, 30, nil, 1, 1, "b")}
+	fast := atSpeed(reqs, 2)
+	assert.Equal(t, []float64{5, 15}, []float64{fast[0].ArrivalMS, fast[1].ArrivalMS})
+	assert.Equal(t, 10.0, reqs[0].ArrivalMS, "the speed-1 requests are untouched")
+}
+
+func TestRunReplaysEverySpeedAndDraw(t *testing.T) {
+	o, err := parseFlags([]string{"-trace", testTrace, "-n", "150", "-svg", "", "-policies", "least-loaded,gie",
+		"-speed", "1,2", "-draws", "3"})
+	require.NoError(t, err)
+	rep, _, err := run(o)
+	require.NoError(t, err)
+	require.Len(t, rep.Cells, 6)
+	assert.Equal(t, []float64{1, 2}, rep.Speeds())
+	assert.Equal(t, rep.Cells[3].DurationMS*2, rep.Cells[0].DurationMS, "x2 compresses the arrivals")
+	assert.NotEqual(t, rep.Cells[0].Baselines[1].Choices, rep.Cells[1].Baselines[1].Choices, "another draw reseeds GIE's picker")
+	assert.NotEqual(t, rep.Cells[0].Baselines[0].Choices, rep.Cells[1].Baselines[0].Choices, "and moves least-loaded's round-robin start")
+	st := rep.Stats(2)
+	require.Len(t, st, 2)
+	assert.LessOrEqual(t, st[1].TTFTMean.Min, st[1].TTFTMean.Mean)
+	assert.GreaterOrEqual(t, st[1].TTFTMean.Max, st[1].TTFTMean.Mean)
+}

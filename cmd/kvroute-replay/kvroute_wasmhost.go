@@ -154,7 +154,28 @@ func (p *kvrouteWasm) Choose(r *Request, f *Fleet) int {
 		}
 		return 0
 	}
+	// A streamed response's headers come back at once, before the prefill is over
+	// (an OpenAI-compatible server sends them as it starts the event stream), so
+	// they say nothing about the first token.
+	p.host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
 	return t
+}
+
+// firstChunk and lastChunks are the streamed response body: the first event at the
+// first token, the rest at the completion.
+var (
+	firstChunk = []byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n")
+	lastChunks = []byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"…\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+)
+
+// FirstToken is the response's first body chunk: the prefill is over.
+func (p *kvrouteWasm) FirstToken(r *Request, _ int) {
+	id, ok := p.context[r.Index]
+	if !ok {
+		return
+	}
+	p.tickTo(p.fleet.Now())
+	p.host.CallOnResponseBody(id, firstChunk, false)
 }
 
 // requestID is the x-request-id of request n.
@@ -165,8 +186,8 @@ func (p *kvrouteWasm) requestID(n int) string {
 	return "replay-" + p.idSalt + "-" + strconv.Itoa(n)
 }
 
-// Done is the response: status 200, then the end of the stream, which releases the
-// request's load in the filter's ledger.
+// Done is the rest of the streamed response, then the end of the stream, which
+// releases the request's load in the filter's ledger.
 func (p *kvrouteWasm) Done(r *Request, _ int) {
 	id, ok := p.context[r.Index]
 	if !ok {
@@ -174,7 +195,7 @@ func (p *kvrouteWasm) Done(r *Request, _ int) {
 	}
 	delete(p.context, r.Index)
 	p.tickTo(p.fleet.Now())
-	p.host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+	p.host.CallOnResponseBody(id, lastChunks, true)
 	p.host.CompleteHttpContext(id)
 }
 

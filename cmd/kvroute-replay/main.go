@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -30,7 +31,9 @@ type options struct {
 	wasm, config, trace, format, svg, policies string
 	dump                                       string
 	limit                                      int
-	speed                                      float64
+	speed                                      float64   // the first of speeds
+	speeds                                     []float64 // -speed: each is replayed
+	draws                                      int       // -draws: tie-break draws per speed
 	fleet                                      FleetConfig
 	cacheBlocks                                int
 	charsPerToken                              int
@@ -72,7 +75,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.dump, "dump", "", "write a per-request CSV (targets, hits, kvroute's decisions) here")
 	fs.StringVar(&o.policies, "policies", "all", "comma-separated: kvroute, round-robin, least-loaded, consistent-hash, sglang, gie, trtllm, or all")
 	fs.IntVar(&o.limit, "n", 0, "replay only the first n requests (0: all)")
-	fs.Float64Var(&o.speed, "speed", 1, "time compression: arrivals come speed times faster")
+	speedList := fs.String("speed", "1", "time compression: arrivals come speed times faster; a comma-separated list (1,2) replays each")
+	fs.IntVar(&o.draws, "draws", 1, "replay every policy this many times with other tie-breaks (kvroute: request-id salts; baselines: their seeds) and report the mean and spread")
 	fs.IntVar(&o.fleet.Endpoints, "endpoints", defaultEndpoints, "inference servers (10.0.0.1:8000, 10.0.0.2:8000, …)")
 	fs.IntVar(&o.fleet.DPSize, "dp", defaultDPSize, "data-parallel ranks per server; each rank is a target")
 	fs.IntVar(&o.cacheBlocks, "cache-blocks", defaultCacheBlocks, "prefix KV cache per target, in 512-token blocks")
@@ -88,7 +92,17 @@ func parseFlags(args []string) (*options, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	for _, f := range strings.Split(*speedList, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || !(v > 0) {
+			return nil, fmt.Errorf("-speed: %q is not a number > 0", f)
+		}
+		o.speeds = append(o.speeds, v)
+	}
+	o.speed = o.speeds[0]
 	switch {
+	case o.draws < 1:
+		return nil, fmt.Errorf("-draws must be >= 1")
 	case o.fleet.Endpoints < 1 || o.fleet.DPSize < 1:
 		return nil, fmt.Errorf("-endpoints and -dp must be >= 1")
 	case o.cacheBlocks < 1 || o.fleet.MaxRunning < 1 || o.charsPerToken < 1:
@@ -251,25 +265,61 @@ func sniffFormat(f *os.File) (string, error) {
 // baselineNames in table order.
 var baselineNames = []string{"round-robin", "least-loaded", "consistent-hash", "sglang", "gie", "trtllm"}
 
-func newBaseline(name string, cfg FleetConfig, seed uint64) Policy {
+// newBaseline builds a baseline for one draw: draw 0 is each policy's own start, and
+// a later draw moves what the policy leaves to chance or to its starting state — the
+// round-robin counters' start, the random seed, the hash ring's salt, the first of
+// equally small trees — as kvroute's draws move its request-id salt.
+func newBaseline(name string, cfg FleetConfig, seed uint64, draw int) Policy {
 	switch name {
 	case "round-robin":
-		return newRoundRobin()
+		p := newRoundRobin()
+		p.next = draw
+		return p
 	case "least-loaded":
-		return newLeastLoaded()
+		p := newLeastLoaded()
+		p.rr = draw
+		return p
 	case "consistent-hash":
-		return newConsistentHash(cfg)
+		return newConsistentHashSalted(cfg, uint64(draw))
 	case "sglang":
-		return newSGLangCacheAware(cfg.Targets())
+		p := newSGLangCacheAware(cfg.Targets())
+		p.tieStart = draw
+		return p
 	case "gie":
-		return newGIEDefaultScorers(cfg.Targets(), seed)
+		return newGIEDefaultScorers(cfg.Targets(), seed+uint64(draw))
 	case "trtllm":
-		return newTRTLLMConversation(cfg.Targets())
+		p := newTRTLLMConversation(cfg.Targets())
+		p.rr = draw
+		return p
 	}
 	return nil
 }
 
-// run loads the trace, replays every selected policy and returns the report.
+// drawSalt is kvroute's request-id salt in draw d: -id-salt itself in draw 0.
+func drawSalt(base string, d int) string {
+	if d == 0 {
+		return base
+	}
+	return base + "d" + strconv.Itoa(d)
+}
+
+// atSpeed returns the requests with their arrivals compressed by speed (the
+// requests of reqs are at speed 1); the rest is shared.
+func atSpeed(reqs []*Request, speed float64) []*Request {
+	if speed == 1 {
+		return reqs
+	}
+	out := make([]*Request, len(reqs))
+	for i, r := range reqs {
+		c := *r
+		c.ArrivalMS = r.ArrivalMS / speed
+		out[i] = &c
+	}
+	return out
+}
+
+// run loads the trace and replays every selected policy at every speed and draw. The
+// report's own results are the first speed's first draw; Cells has them all.
 func run(o *options) (*Report, []*Request, error) {
 	wantKV, baselines, err := selectPolicies(o.policies)
 	if err != nil {
@@ -284,14 +334,17 @@ func run(o *options) (*Report, []*Request, error) {
 			return nil, nil, err
 		}
 	}
-	reqs, kind, err := loadTrace(o.trace, o.format, o.limit, o.charsPerToken, o.speed)
+	base, kind, err := loadTrace(o.trace, o.format, o.limit, o.charsPerToken, 1)
 	if err != nil {
 		return nil, nil, err
 	}
-	rep := &Report{TraceKind: kind, TracePath: o.trace, Requests: len(reqs), Fleet: o.fleet, Speed: o.speed,
-		BlockTokens: reqs[0].BlockTokens, DurationMS: reqs[len(reqs)-1].ArrivalMS}
+	if wantKV && (o.draws > 1 || len(o.speeds) > 1) {
+		keepBodies(base) // each kvroute replay sends every body again
+	}
+	rep := &Report{TraceKind: kind, TracePath: o.trace, Requests: len(base), Fleet: o.fleet, Speed: o.speed,
+		BlockTokens: base[0].BlockTokens, Draws: o.draws}
 	distinct := map[uint64]struct{}{}
-	for _, r := range reqs {
+	for _, r := range base {
 		rep.Blocks += int64(len(r.Blocks))
 		for _, b := range r.Blocks {
 			distinct[b] = struct{}{}
@@ -299,42 +352,75 @@ func run(o *options) (*Report, []*Request, error) {
 	}
 	rep.Distinct = len(distinct)
 	capBlocks := o.fleet.CacheTokens / rep.BlockTokens
-	rep.OracleLRU = OracleHitRate(reqs, capBlocks*o.fleet.Targets())
-	rep.OracleInfinite = OracleHitRate(reqs, 0)
+	rep.OracleLRU = OracleHitRate(base, capBlocks*o.fleet.Targets())
+	rep.OracleInfinite = OracleHitRate(base, 0)
 
-	// kvroute in one goroutine (it holds the one host emulator), the baselines
-	// alongside on the remaining cores.
-	results := make([]*Result, len(baselines))
-	errs := make([]error, len(baselines)+1)
-	var wg sync.WaitGroup
+	for _, speed := range o.speeds {
+		reqs := atSpeed(base, speed)
+		for d := 0; d < o.draws; d++ {
+			rep.Cells = append(rep.Cells, &Cell{Speed: speed, Draw: d, reqs: reqs,
+				DurationMS: reqs[len(reqs)-1].ArrivalMS, Baselines: make([]*Result, len(baselines))})
+		}
+	}
+	// kvroute in one goroutine (it holds the one host emulator), cell after cell; the
+	// baselines alongside on the remaining cores.
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+	)
+	fail := func(err error) {
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+	}
 	if wantKV {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rep.KVRoute, errs[len(baselines)] = replayKVRoute(reqs, o.fleet, wasm, config, o.idSalt)
+			for _, c := range rep.Cells {
+				res, err := replayKVRoute(c.reqs, o.fleet, wasm, config, drawSalt(o.idSalt, c.Draw))
+				if err != nil {
+					fail(err)
+					return
+				}
+				c.KVRoute = res
+			}
 		}()
 	}
 	sem := make(chan struct{}, max(1, runtime.GOMAXPROCS(0)-1))
-	for i, name := range baselines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			results[i], errs[i] = Replay(reqs, o.fleet, newBaseline(name, o.fleet, o.seed))
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, nil, err
+	for _, c := range rep.Cells {
+		for i, name := range baselines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				res, err := Replay(c.reqs, o.fleet, newBaseline(name, o.fleet, o.seed, c.Draw))
+				if err != nil {
+					fail(err)
+					return
+				}
+				c.Baselines[i] = res
+			}()
 		}
 	}
-	rep.Baselines = results
-	if rep.KVRoute != nil {
-		rep.Notes = append(rep.Notes, rep.KVRoute.Notes...)
+	wg.Wait()
+	if firstErr != nil {
+		return nil, nil, firstErr
 	}
-	return rep, reqs, nil
+	first := rep.Cells[0]
+	rep.KVRoute, rep.Baselines, rep.DurationMS = first.KVRoute, first.Baselines, first.DurationMS
+	for _, c := range rep.Cells {
+		if c.KVRoute != nil {
+			for _, n := range c.KVRoute.Notes {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("speed x%g draw %d: %s", c.Speed, c.Draw, n))
+			}
+		}
+	}
+	return rep, first.reqs, nil
 }
 
 // replayKVRoute replays reqs through the compiled filter; idSalt goes into the
@@ -391,7 +477,7 @@ func selectPolicies(list string) (kvroute bool, baselines []string, err error) {
 		switch {
 		case name == "kvroute":
 			kvroute = true
-		case newBaseline(name, FleetConfig{Endpoints: 1, DPSize: 1}, 0) != nil:
+		case newBaseline(name, FleetConfig{Endpoints: 1, DPSize: 1}, 0, 0) != nil:
 			baselines = append(baselines, name)
 		default:
 			return false, nil, fmt.Errorf("unknown policy %q in -policies", name)

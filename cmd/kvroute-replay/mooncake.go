@@ -133,14 +133,14 @@ func MooncakeRequests(recs []MooncakeRecord, charsPerToken int, speed float64) [
 // completionBody builds a /v1/completions body around prompt, which must need no
 // JSON escaping (the generated text is lower-case words and spaces).
 func completionBody(model string, prompt []byte, maxTokens int) []byte {
-	b := make([]byte, 0, len(prompt)+80)
+	b := make([]byte, 0, len(prompt)+96)
 	b = append(b, `{"model":`...)
 	b = strconv.AppendQuote(b, model)
 	b = append(b, `,"prompt":"`...)
 	b = append(b, prompt...)
 	b = append(b, `","max_tokens":`...)
 	b = strconv.AppendInt(b, int64(maxTokens), 10)
-	b = append(b, '}')
+	b = append(b, `,"stream":true}`...)
 	return b
 }
 

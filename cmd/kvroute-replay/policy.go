@@ -15,3 +15,11 @@ type Policy interface {
 	Choose(r *Request, f *Fleet) int
 	Done(r *Request, target int)
 }
+
+// FirstTokenPolicy is a Policy that also hears of each request's first token (its
+// first response chunk), in time order with the completions: a router in the path
+// of a streamed response sees the prefill end there.
+type FirstTokenPolicy interface {
+	Policy
+	FirstToken(r *Request, target int)
+}

@@ -56,6 +56,20 @@ func (r *Request) Text() []byte { return r.text() }
 // Body returns the HTTP body sent to kvroute.
 func (r *Request) Body() []byte { return r.body() }
 
+// keepBodies makes each request keep its body once built, for runs that send every
+// body many times (draws, speeds): memory for time.
+func keepBodies(reqs []*Request) {
+	for _, r := range reqs {
+		build := r.body
+		var once sync.Once
+		var b []byte
+		r.body = func() []byte {
+			once.Do(func() { b = build() })
+			return b
+		}
+	}
+}
+
 // prepare computes the derived hashes of every request, in parallel.
 func prepare(reqs []*Request, firstBlockBytes int) {
 	var wg sync.WaitGroup
