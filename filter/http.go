@@ -26,6 +26,7 @@ type httpContext struct {
 
 	healthReported bool
 	released       bool
+	firstChunk     bool // the first response body chunk came back
 
 	body            []byte // the buffered body, kept while an inline prefill runs
 	prefillInFlight bool
@@ -198,6 +199,23 @@ func (c *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) (a
 	c.reportHealth(c.isFailureStatus(code) || code >= 500 && upstreamFailed())
 	if pd := c.plugin.pd; pd != nil {
 		pd.decodeAnswered(c)
+	}
+	return types.ActionContinue
+}
+
+// OnHttpResponseBody marks the end of the request's prefill at the first response
+// body chunk: an engine streams its first chunk once the first token exists (and a
+// whole answer only after it), while its response headers may come before the prefill
+// has started (a streamed response's headers open the event stream at once).
+func (c *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) (action types.Action) {
+	action = types.ActionContinue
+	if c.firstChunk || !c.decided || c.released {
+		return types.ActionContinue
+	}
+	defer c.recoverFailOpen("response body", &action)
+	c.firstChunk = true
+	if err := c.plugin.router.FirstChunk(&c.decision.Ticket); err != nil {
+		c.plugin.metrics.stateConflicts.Increment(1)
 	}
 	return types.ActionContinue
 }

@@ -47,6 +47,7 @@ package routing
 //     prefix.continuation_threshold        (0 .. 1]
 //     prefix.skip_blocks                   0 .. 1<<20
 //     prefix.capacity_blocks               1 .. 1<<26
+//     prefix.target_cache_tokens           0 .. 1<<40 (0: unknown)
 //     balance.load_metric                  requests | tokens
 //     balance.load_weight                  0 .. 1000
 //     balance.fair_share_multiplier        1 .. 1000 (below 1 the cap would refuse fair shares)
@@ -97,26 +98,27 @@ import (
 
 // Bounds of the configuration; see the table above.
 const (
-	cfgMaxBodyBytesMax     = 1 << 30
-	cfgCharsPerTokenMax    = 64
-	cfgDPSizeMax           = 1024
-	cfgDPRankStartMax      = 65535
-	cfgPortMax             = 65535
-	cfgMaxSessionsMax      = 100_000_000
-	cfgBlockTokensMax      = 65536
-	cfgSkipBlocksMax       = 1 << 20
-	cfgCapacityBlocksMax   = 1 << 26
-	cfgWeightMax           = 1000
-	cfgThresholdTokensMax  = 1 << 30
-	cfgPrefillTimeoutMSMax = 3_600_000
-	cfgFailureThresholdMax = 1000
-	cfgDayMS               = 86_400_000
-	cfgIntervalMSMin       = 100
-	cfgIntervalMSMax       = 3_600_000
-	cfgNamespaceMax        = 64
-	cfgCASRetriesMax       = 1000
-	cfgLeaseMSMin          = 1000
-	cfgQuoteMax            = 64 // longest user value quoted whole in an error
+	cfgMaxBodyBytesMax      = 1 << 30
+	cfgCharsPerTokenMax     = 64
+	cfgDPSizeMax            = 1024
+	cfgDPRankStartMax       = 65535
+	cfgPortMax              = 65535
+	cfgMaxSessionsMax       = 100_000_000
+	cfgBlockTokensMax       = 65536
+	cfgSkipBlocksMax        = 1 << 20
+	cfgCapacityBlocksMax    = 1 << 26
+	cfgTargetCacheTokensMax = 1 << 40
+	cfgWeightMax            = 1000
+	cfgThresholdTokensMax   = 1 << 30
+	cfgPrefillTimeoutMSMax  = 3_600_000
+	cfgFailureThresholdMax  = 1000
+	cfgDayMS                = 86_400_000
+	cfgIntervalMSMin        = 100
+	cfgIntervalMSMax        = 3_600_000
+	cfgNamespaceMax         = 64
+	cfgCASRetriesMax        = 1000
+	cfgLeaseMSMin           = 1000
+	cfgQuoteMax             = 64 // longest user value quoted whole in an error
 )
 
 // cfgReservedHeaders are request headers the filter must never own: it strips its own
@@ -193,6 +195,7 @@ func parseConfig(data []byte) (Config, error) {
 			"continuation_threshold": cfgFloatField(&c.Prefix.ContinuationThreshold, 0, true, 1),
 			"skip_blocks":            cfgIntField(&c.Prefix.SkipBlocks, 0, cfgSkipBlocksMax),
 			"capacity_blocks":        cfgIntField(&c.Prefix.CapacityBlocks, 1, cfgCapacityBlocksMax),
+			"target_cache_tokens":    cfgInt64Field(&c.Prefix.TargetCacheTokens, 0, cfgTargetCacheTokensMax),
 		}),
 		"balance": cfgObjectField(cfgFields{
 			"load_metric":           cfgEnumField(&c.Balance.LoadMetric, LoadMetricRequests, LoadMetricTokens),

@@ -116,7 +116,8 @@ func TestParseConfigFull(t *testing.T) {
 	    "first_turn": "hash"
 	  },
 	  "prefix": {"enabled": false, "block_tokens": 64, "match_rate_threshold": 0.25,
-	             "continuation_threshold": 0.5, "skip_blocks": 3, "capacity_blocks": 1024},
+	             "continuation_threshold": 0.5, "skip_blocks": 3, "capacity_blocks": 1024,
+	             "target_cache_tokens": 2097152},
 	  "balance": {"load_metric": "tokens", "load_weight": 0.5, "fair_share_multiplier": 1.5},
 	  "disaggregation": {"mode": "sglang", "threshold_tokens": 2048, "uncached_only": true,
 	                     "prefill_cluster": "outbound|8100||prefill.llm.svc.cluster.local",
@@ -163,6 +164,7 @@ func TestParseConfigFull(t *testing.T) {
 		ContinuationThreshold: 0.5,
 		SkipBlocks:            3,
 		CapacityBlocks:        1024,
+		TargetCacheTokens:     2097152,
 	}, c.Prefix)
 	assert.Equal(t, BalanceConfig{LoadMetric: LoadMetricTokens, LoadWeight: 0.5, FairShareMultiplier: 1.5}, c.Balance)
 	assert.Equal(t, DisaggregationConfig{
@@ -328,6 +330,8 @@ func TestParseConfigRefusals(t *testing.T) {
 		{"skip_blocks too big", cfgWith(`"prefix": {"skip_blocks": 1048577}`), "prefix.skip_blocks", "must be <= 1048576"},
 		{"capacity_blocks 0", cfgWith(`"prefix": {"capacity_blocks": 0}`), "prefix.capacity_blocks", "must be >= 1, got 0"},
 		{"capacity_blocks too big", cfgWith(`"prefix": {"capacity_blocks": 67108865}`), "prefix.capacity_blocks", "must be <= 67108864"},
+		{"target_cache_tokens negative", cfgWith(`"prefix": {"target_cache_tokens": -1}`), "prefix.target_cache_tokens", "must be >= 0, got -1"},
+		{"target_cache_tokens too big", cfgWith(`"prefix": {"target_cache_tokens": 1099511627777}`), "prefix.target_cache_tokens", "must be <= 1099511627776"},
 		{"load_weight negative", cfgWith(`"balance": {"load_weight": -1}`), "balance.load_weight", "must be >= 0, got -1"},
 		{"load_weight too big", cfgWith(`"balance": {"load_weight": 1001}`), "balance.load_weight", "must be <= 1000"},
 		{"fair_share_multiplier below 1", cfgWith(`"balance": {"fair_share_multiplier": 0.9}`), "balance.fair_share_multiplier", "must be >= 1, got 0.9"},

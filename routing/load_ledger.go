@@ -4,8 +4,14 @@ import (
 	"encoding/binary"
 )
 
-// LoadLedger keeps the active requests and active (estimated prompt) tokens of every
-// target of a pool in one shared-data key. Load is counted in time slots of
+// LoadLedger keeps the active requests, active (estimated prompt) tokens and queued
+// prefill tokens of every target of a pool in one shared-data key. Queued prefill
+// tokens are the estimated uncached tokens of the requests sent to a target whose
+// first response chunk has not come back yet: the prefill work queued or running
+// there, which a new request waits behind. Each target also keeps a write clock: the
+// uncached tokens of every request ever sent there, i.e. how much its KV cache has
+// had to take in — a prefix written there longer ago than the cache holds has been
+// evicted (see PrefixIndex). Load is counted in time slots of
 // lease/ledgerSlots: a request adds to the slot of its start time and its release
 // takes from that same slot, and slots older than the lease are dropped. So a
 // completion that never arrives (a VM restart, a lost stream) stops counting after
@@ -36,31 +42,37 @@ type ledgerDelta struct {
 	epoch    int64
 	requests int64
 	tokens   int64
+	prefill  int64
+	written  int64 // to the target's write clock (its epoch is ignored)
 }
 
 // ledgerBatch is how many acquires and releases a VM holds before it writes them.
 const ledgerBatch = 16
 
 const (
-	ledgerFormat = 1
+	ledgerFormat = 2
 	ledgerSlots  = 8
-	// per target: id(8) slot count(1); per slot: epoch(8) requests(4) tokens(8)
-	ledgerTargetHeader = 9
-	ledgerSlotBytes    = 20
+	// per target: id(8) written(8) slot count(1); per slot: epoch(8) requests(4)
+	// tokens(8) prefill(8)
+	ledgerTargetHeader = 17
+	ledgerSlotBytes    = 28
 )
 
 // Load is one target's current load.
 type Load struct {
 	Requests int64
 	Tokens   int64
+	Prefill  int64 // queued prefill tokens: uncached tokens awaiting their first chunk
+	Written  int64 // the write clock: uncached tokens ever sent to the target
 }
 
 // LoadTicket is what a request must hand back, exactly once, to release its load.
 type LoadTicket struct {
-	Target uint64
-	Epoch  int64
-	Tokens int64
-	Valid  bool
+	Target  uint64
+	Epoch   int64
+	Tokens  int64
+	Prefill int64 // queued prefill tokens still held: 0 once the first chunk is in
+	Valid   bool
 }
 
 // NewLoadLedger returns the ledger of one pool.
@@ -77,19 +89,24 @@ type ledgerSlot struct {
 	epoch    int64
 	requests int64
 	tokens   int64
+	prefill  int64
 }
 
-// ledgerEntry is one target's live slots.
+func (s *ledgerSlot) live() bool { return s.requests > 0 || s.tokens > 0 || s.prefill > 0 }
+
+// ledgerEntry is one target's live slots and write clock.
 type ledgerEntry struct {
-	target uint64
-	slots  []ledgerSlot
+	target  uint64
+	written int64
+	slots   []ledgerSlot
 }
 
 func (e *ledgerEntry) load() Load {
-	var l Load
+	l := Load{Written: e.written}
 	for _, s := range e.slots {
 		l.Requests += s.requests
 		l.Tokens += s.tokens
+		l.Prefill += s.prefill
 	}
 	return l
 }
@@ -105,8 +122,8 @@ func decodeLedger(v []byte, oldest int64) []ledgerEntry {
 	v = v[1:]
 	var out []ledgerEntry
 	for len(v) >= ledgerTargetHeader {
-		e := ledgerEntry{target: binary.LittleEndian.Uint64(v)}
-		n := int(v[8])
+		e := ledgerEntry{target: binary.LittleEndian.Uint64(v), written: int64(binary.LittleEndian.Uint64(v[8:]))}
+		n := int(v[16])
 		v = v[ledgerTargetHeader:]
 		if len(v) < n*ledgerSlotBytes {
 			return nil
@@ -116,13 +133,14 @@ func decodeLedger(v []byte, oldest int64) []ledgerEntry {
 				epoch:    int64(binary.LittleEndian.Uint64(v)),
 				requests: int64(binary.LittleEndian.Uint32(v[8:])),
 				tokens:   int64(binary.LittleEndian.Uint64(v[12:])),
+				prefill:  int64(binary.LittleEndian.Uint64(v[20:])),
 			}
 			v = v[ledgerSlotBytes:]
-			if s.epoch > oldest && (s.requests > 0 || s.tokens > 0) {
+			if s.epoch > oldest && s.live() {
 				e.slots = append(e.slots, s)
 			}
 		}
-		if len(e.slots) > 0 {
+		if len(e.slots) > 0 || e.written > 0 {
 			out = append(out, e)
 		}
 	}
@@ -138,21 +156,23 @@ func encodeLedger(entries []ledgerEntry) []byte {
 	out[0] = ledgerFormat
 	for _, e := range entries {
 		live := 0
-		for _, s := range e.slots {
-			if s.requests > 0 || s.tokens > 0 {
+		for i := range e.slots {
+			if e.slots[i].live() {
 				live++
 			}
 		}
-		if live == 0 {
+		if live == 0 && e.written == 0 {
 			continue
 		}
 		out = binary.LittleEndian.AppendUint64(out, e.target)
+		out = binary.LittleEndian.AppendUint64(out, uint64(e.written))
 		out = append(out, byte(live))
-		for _, s := range e.slots {
-			if s.requests > 0 || s.tokens > 0 {
+		for i := range e.slots {
+			if s := &e.slots[i]; s.live() {
 				out = binary.LittleEndian.AppendUint64(out, uint64(s.epoch))
 				out = binary.LittleEndian.AppendUint32(out, uint32(s.requests))
 				out = binary.LittleEndian.AppendUint64(out, uint64(s.tokens))
+				out = binary.LittleEndian.AppendUint64(out, uint64(s.prefill))
 			}
 		}
 	}
@@ -172,7 +192,10 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 	if v := l.seen; len(v) >= 1 && v[0] == ledgerFormat {
 		for v = v[1:]; len(v) >= ledgerTargetHeader; {
 			i := index(binary.LittleEndian.Uint64(v))
-			n := int(v[8])
+			if i >= 0 {
+				dst[i].Written += int64(binary.LittleEndian.Uint64(v[8:]))
+			}
+			n := int(v[16])
 			v = v[ledgerTargetHeader:]
 			if len(v) < n*ledgerSlotBytes {
 				break
@@ -181,16 +204,22 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 				if i >= 0 && int64(binary.LittleEndian.Uint64(v)) > oldest {
 					dst[i].Requests += int64(binary.LittleEndian.Uint32(v[8:]))
 					dst[i].Tokens += int64(binary.LittleEndian.Uint64(v[12:]))
+					dst[i].Prefill += int64(binary.LittleEndian.Uint64(v[20:]))
 				}
 				v = v[ledgerSlotBytes:]
 			}
 		}
 	}
 	for _, d := range l.pending {
-		if i := index(d.target); i >= 0 && d.epoch > oldest {
+		i := index(d.target)
+		if i >= 0 {
+			dst[i].Written += d.written
+		}
+		if i >= 0 && d.epoch > oldest {
 			// A release may reach a slot this view has not seen the acquire of yet.
 			dst[i].Requests = max(0, dst[i].Requests+d.requests)
 			dst[i].Tokens = max(0, dst[i].Tokens+d.tokens)
+			dst[i].Prefill = max(0, dst[i].Prefill+d.prefill)
 		}
 	}
 	return nil
@@ -209,7 +238,8 @@ func (l *LoadLedger) refresh() error {
 	return nil
 }
 
-// Snapshot returns the live load of every target that has any, as this VM sees it.
+// Snapshot returns the live load of every target that has any, as this VM sees it
+// (without the write clocks).
 func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 	if !l.read {
 		if err := l.refresh(); err != nil {
@@ -220,7 +250,9 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 	entries = applyDeltas(entries, l.pending, l.oldestLiveEpoch(nowMS))
 	out := make(map[uint64]Load, len(entries))
 	for i := range entries {
-		if ld := entries[i].load(); ld.Requests > 0 || ld.Tokens > 0 {
+		ld := entries[i].load()
+		ld.Written = 0 // a clock, not load
+		if ld.Requests > 0 || ld.Tokens > 0 || ld.Prefill > 0 {
 			out[entries[i].target] = ld
 		}
 	}
@@ -231,7 +263,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 // slots at or before oldest have expired and are dropped.
 func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []ledgerEntry {
 	for _, d := range deltas {
-		if d.epoch <= oldest {
+		if d.epoch <= oldest && d.written == 0 {
 			continue
 		}
 		i := 0
@@ -242,6 +274,10 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []le
 			entries = append(entries, ledgerEntry{target: d.target})
 		}
 		e := &entries[i]
+		e.written += d.written
+		if d.epoch <= oldest {
+			continue
+		}
 		j := 0
 		for j < len(e.slots) && e.slots[j].epoch != d.epoch {
 			j++
@@ -251,6 +287,7 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []le
 		}
 		e.slots[j].requests = max(0, e.slots[j].requests+d.requests)
 		e.slots[j].tokens = max(0, e.slots[j].tokens+d.tokens)
+		e.slots[j].prefill = max(0, e.slots[j].prefill+d.prefill)
 	}
 	return entries
 }
@@ -263,6 +300,8 @@ func (l *LoadLedger) note(d ledgerDelta, nowMS func() int64) error {
 		if p := &l.pending[i]; p.target == d.target && p.epoch == d.epoch {
 			p.requests += d.requests
 			p.tokens += d.tokens
+			p.prefill += d.prefill
+			p.written += d.written
 			merged = true
 			break
 		}
@@ -280,18 +319,22 @@ func (l *LoadLedger) note(d ledgerDelta, nowMS func() int64) error {
 // were released within the batch cancel out.
 func (l *LoadLedger) hasChanges() bool {
 	for _, d := range l.pending {
-		if d.requests != 0 || d.tokens != 0 {
+		if d.requests != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 {
 			return true
 		}
 	}
 	return false
 }
 
-// changes counts the acquires and releases in the batch.
+// changes counts the acquires and releases in the batch (a slot's first chunks not
+// yet released count once).
 func (l *LoadLedger) changes() int {
 	n := 0
 	for _, d := range l.pending {
 		n += int(max(d.requests, -d.requests))
+		if d.requests == 0 && d.prefill != 0 {
+			n++
+		}
 	}
 	return n
 }
@@ -332,14 +375,33 @@ func (l *LoadLedger) Flush(nowMS int64) error {
 // good even when writing the batch failed (the error says so): the change stays in
 // the batch for the next flush.
 func (l *LoadLedger) Acquire(target uint64, tokens int64, nowMS int64) (LoadTicket, error) {
-	epoch := nowMS / l.slotMS
-	err := l.note(ledgerDelta{target: target, epoch: epoch, requests: 1, tokens: tokens}, func() int64 { return nowMS })
-	return LoadTicket{Target: target, Epoch: epoch, Tokens: tokens, Valid: true}, err
+	return l.AcquireQueued(target, tokens, 0, nowMS)
 }
 
-// Release takes a ticket's load back from the slot it was added to. A ticket whose
-// slot has expired releases nothing: the lease already dropped it (views and flushes
-// ignore changes to expired slots). now is read only if the batch is written.
+// AcquireQueued is Acquire for a request that also queues prefill tokens of prefill
+// work on target until its first response chunk (FirstChunk) or its end (Release),
+// and advances the target's write clock by them.
+func (l *LoadLedger) AcquireQueued(target uint64, tokens, prefill int64, nowMS int64) (LoadTicket, error) {
+	epoch := nowMS / l.slotMS
+	err := l.note(ledgerDelta{target: target, epoch: epoch, requests: 1, tokens: tokens, prefill: prefill, written: prefill}, func() int64 { return nowMS })
+	return LoadTicket{Target: target, Epoch: epoch, Tokens: tokens, Prefill: prefill, Valid: true}, err
+}
+
+// FirstChunk takes the ticket's queued prefill tokens back: the prefill is over. The
+// ticket keeps its request and tokens for Release.
+func (l *LoadLedger) FirstChunk(t *LoadTicket, now func() int64) error {
+	if t.Prefill == 0 {
+		return nil
+	}
+	d := ledgerDelta{target: t.Target, epoch: t.Epoch, prefill: -t.Prefill}
+	t.Prefill = 0
+	return l.note(d, now)
+}
+
+// Release takes a ticket's load back from the slot it was added to (its queued
+// prefill tokens too, if no first chunk came). A ticket whose slot has expired
+// releases nothing: the lease already dropped it (views and flushes ignore changes to
+// expired slots). now is read only if the batch is written.
 func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
-	return l.note(ledgerDelta{target: t.Target, epoch: t.Epoch, requests: -1, tokens: -t.Tokens}, now)
+	return l.note(ledgerDelta{target: t.Target, epoch: t.Epoch, requests: -1, tokens: -t.Tokens, prefill: -t.Prefill}, now)
 }

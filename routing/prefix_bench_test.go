@@ -59,11 +59,11 @@ func BenchmarkPrefixIndexRequest(b *testing.B) {
 				before := cs.gets + cs.sets
 				cps, _ = HashCheckpoints("llama", convs[c], 64, cps)
 				_ = x.Match(cps, known)
-				x.Record(cps, uint64(1+c%8))
+				x.Record(cps, uint64(1+c%8), 0, 0)
 				onRequest += cs.gets + cs.sets - before
 				if i%100 == 99 {
 					before = cs.gets + cs.sets
-					if err := x.Sync(int64(1e6 + i)); err != nil {
+					if err := x.Sync(int64(1e6+i), nil); err != nil {
 						b.Fatal(err)
 					}
 					onTick += cs.gets + cs.sets - before

@@ -59,7 +59,7 @@ func FuzzPrefixIndex(f *testing.F) {
 				}
 			}
 			tg := uint32(i%4 + 1)
-			x.Record(cps, uint64(tg))
+			x.Record(cps, uint64(tg), 0, 0)
 			recorded, targets = append(recorded, p), append(targets, tg)
 			if n > 0 {
 				got := x.Match(cps, func(t uint32) bool { return t == tg })

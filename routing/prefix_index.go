@@ -59,7 +59,16 @@ func (x *PrefixIndex) Match(cps []Checkpoint, known func(uint32) bool) []prefixM
 // StartMatch begins a lookup that runs one binary search per Next: a caller that only
 // needs the deepest match (a continuation) stops after the first.
 func (x *PrefixIndex) StartMatch(cps []Checkpoint, known func(uint32) bool) *PrefixSearch {
-	x.search = PrefixSearch{x: x, cps: cps, known: known, hi: len(cps), found: x.search.found[:0]}
+	return x.StartMatchLive(cps, known, nil, 0)
+}
+
+// StartMatchLive is StartMatch that also drops evicted copies: with capacity > 0, a
+// target whose write clock (clockOf) has moved on by more than capacity since it
+// recorded a prefix no longer holds it (its cache has taken in more than it holds
+// since; an LRU cache has evicted the prefix unless something else kept it warm).
+func (x *PrefixIndex) StartMatchLive(cps []Checkpoint, known func(uint32) bool, clockOf func(uint32) uint32, capacity uint32) *PrefixSearch {
+	x.search = PrefixSearch{x: x, cps: cps, known: known, hi: len(cps), found: x.search.found[:0],
+		clockOf: clockOf, capacity: capacity}
 	return &x.search
 }
 
@@ -73,10 +82,15 @@ type PrefixSearch struct {
 	found  []prefixMatch
 	// known and "found already" are asked of the same few ids at every probe: their
 	// answers are kept here rather than asked through a closure each time (costly in
-	// wasm). state: 1 fresh, -1 unknown or found.
+	// wasm). state: 1 known, 2 known and found, -1 unknown.
 	ids   [2 * prefixTargetsPerEntry]uint32
 	state [2 * prefixTargetsPerEntry]int8
+	now   [2 * prefixTargetsPerEntry]uint32 // the target's write clock
 	nids  int
+
+	clockOf  func(uint32) uint32 // nil: copies never go stale
+	capacity uint32
+	lastNow  uint32 // the clock of the target fresh last answered for
 }
 
 // Found is every match found so far, deepest first.
@@ -85,34 +99,42 @@ func (m *PrefixSearch) Found() []prefixMatch { return m.found }
 // Done reports whether further rounds can find nothing more.
 func (m *PrefixSearch) Done() bool { return m.rounds >= maxMatchRounds || m.hi <= 0 }
 
-func (m *PrefixSearch) fresh(t uint32) bool {
+func (m *PrefixSearch) fresh(t uint32) bool { return m.status(t) == 1 }
+
+// status is 1 for a known target not found yet, 2 for one found, -1 for an unknown
+// one; it leaves the target's write clock in lastNow.
+func (m *PrefixSearch) status(t uint32) int8 {
 	for i := 0; i < m.nids; i++ {
 		if m.ids[i] == t {
-			return m.state[i] > 0
+			m.lastNow = m.now[i]
+			return m.state[i]
 		}
 	}
 	ok := m.known(t)
-	if m.nids < len(m.ids) {
-		m.ids[m.nids], m.state[m.nids] = t, -1
-		if ok {
-			m.state[m.nids] = 1
-		}
-		m.nids++
+	m.lastNow = 0
+	if ok && m.clockOf != nil {
+		m.lastNow = m.clockOf(t)
 	}
+	st := int8(-1)
 	if ok {
+		st = 1
 		for _, f := range m.found {
 			if f.Target == t {
-				return false
+				st = 2
 			}
 		}
 	}
-	return ok
+	if m.nids < len(m.ids) {
+		m.ids[m.nids], m.state[m.nids], m.now[m.nids] = t, st, m.lastNow
+		m.nids++
+	}
+	return st
 }
 
 func (m *PrefixSearch) markFound(t uint32) {
 	for i := 0; i < m.nids; i++ {
 		if m.ids[i] == t {
-			m.state[i] = -1
+			m.state[i] = 2
 		}
 	}
 }
@@ -131,7 +153,7 @@ func (m *PrefixSearch) Next() bool {
 		e := m.x.table.find(m.cps[mid].Hash)
 		holds := false
 		for s := 0; e != nil && s < prefixTargetsPerEntry; s++ {
-			if t := e.targets[s]; t != 0 && m.fresh(t) {
+			if t := e.targets[s]; t != 0 && m.fresh(t) && m.live(e, s) {
 				holds = true
 				break
 			}
@@ -146,8 +168,8 @@ func (m *PrefixSearch) Next() bool {
 		m.hi = 0
 		return false
 	}
-	for _, t := range topEntry.targets {
-		if t != 0 && m.fresh(t) {
+	for s, t := range topEntry.targets {
+		if t != 0 && m.fresh(t) && m.live(topEntry, s) {
 			m.found = append(m.found, prefixMatch{Target: t, Blocks: m.cps[top].Pos})
 			m.markFound(t)
 		}
@@ -156,21 +178,39 @@ func (m *PrefixSearch) Next() bool {
 	return true
 }
 
-// Record stores the prompt's checkpoints against target, and queues what changed for
-// the other VMs.
-func (x *PrefixIndex) Record(cps []Checkpoint, target uint64) {
+// live reports whether slot s of e is a copy the target still holds (fresh must have
+// just answered for e.targets[s]).
+func (m *PrefixSearch) live(e *prefixEntry, s int) bool {
+	if m.capacity == 0 {
+		return true
+	}
+	age := m.lastNow - e.clocks[s]
+	return age <= m.capacity || age >= 1<<31 // a clock read before the record: fresh
+}
+
+// Record stores the prompt's checkpoints against target at its write clock, and
+// queues for the other VMs what changed (a clock moved on by at least refresh counts;
+// 0 never does).
+func (x *PrefixIndex) Record(cps []Checkpoint, target uint64, clock, refresh uint32) {
 	t32 := prefixTargetID(target)
 	for _, cp := range cps {
-		if x.table.record(cp.Hash, t32) {
+		if x.table.record(cp.Hash, t32, clock, refresh) {
 			x.journal.queue(cp.Hash, t32)
 		}
 	}
 }
 
-// Sync publishes this VM's recent records and applies the other VMs'. It runs on the
-// tick, never on a request.
-func (x *PrefixIndex) Sync(nowMS int64) error {
-	return x.journal.sync(nowMS, func(hash uint64, t32 uint32) { x.table.record(hash, t32) })
+// Sync publishes this VM's recent records and applies the other VMs', each at the
+// target's write clock as this VM sees it (clockOf; nil: 0). It runs on the tick,
+// never on a request.
+func (x *PrefixIndex) Sync(nowMS int64, clockOf func(uint32) uint32) error {
+	return x.journal.sync(nowMS, func(hash uint64, t32 uint32) {
+		var c uint32
+		if clockOf != nil {
+			c = clockOf(t32)
+		}
+		x.table.record(hash, t32, c, 0)
+	})
 }
 
 // prefixTargetID is the 32-bit form of a target id that the prefix index keeps (0 is

@@ -137,7 +137,7 @@ func compareWithExact(t *testing.T, rng *rand.Rand, next func() []byte, n int) (
 			}
 		}
 		tg := targets[rng.Intn(len(targets))]
-		x.Record(cps, uint64(tg))
+		x.Record(cps, uint64(tg), 0, 0)
 		exact.record(chain, tg)
 	}
 	return checked, within
@@ -230,19 +230,19 @@ func TestPrefixIndexCostsNoHostCallPerRequest(t *testing.T) {
 			rand.New(rand.NewSource(int64(blocks))).Read(p)
 			cps, _ := HashCheckpoints("m", p, 8, nil)
 			assert.LessOrEqual(t, len(cps), 16+8*(bitsLen(blocks)-5)+1, "O(log n) checkpoints")
-			x.Record(cps, 5)
+			x.Record(cps, 5, 0, 0)
 			got := x.Match(cps, func(uint32) bool { return true })
 			require.Len(t, got, 1)
 			assert.Equal(t, blocks, got[0].Blocks)
 			assert.Zero(t, cs.gets+cs.sets, "lookup and record touch no shared data")
 			// The tick publishes the records in one chunk: the registry is read and
 			// written (the slot claimed), then the chunk and the head are written.
-			require.NoError(t, x.Sync(1e6))
+			require.NoError(t, x.Sync(1e6, nil))
 			assert.Equal(t, 1, cs.gets)
 			assert.Equal(t, 3, cs.sets)
 			// A later tick with nothing new reads the registry and writes nothing.
 			cs.gets, cs.sets = 0, 0
-			require.NoError(t, x.Sync(1e6+100))
+			require.NoError(t, x.Sync(1e6+100, nil))
 			assert.Equal(t, 1, cs.gets)
 			assert.Zero(t, cs.sets)
 		})
@@ -265,9 +265,9 @@ func TestPrefixIndexIsBounded(t *testing.T) {
 		p := make([]byte, 8*(1+rng.Intn(200)))
 		rng.Read(p)
 		cps, _ := HashCheckpoints("m", p, 8, nil)
-		x.Record(cps, uint64(1+i%4))
+		x.Record(cps, uint64(1+i%4), 0, 0)
 		if i%50 == 0 {
-			require.NoError(t, x.Sync(int64(1e6+i)))
+			require.NoError(t, x.Sync(int64(1e6+i), nil))
 		}
 	}
 	used := 0
@@ -289,7 +289,7 @@ func TestPrefixIndexKeepsMostRecentTargets(t *testing.T) {
 	p := make([]byte, 8*40)
 	cps, _ := HashCheckpoints("m", p, 8, nil)
 	for tg := uint64(1); tg <= 6; tg++ {
-		x.Record(cps, tg)
+		x.Record(cps, tg, 0, 0)
 	}
 	got := x.Match(cps, func(uint32) bool { return true })
 	var ts []uint32
@@ -308,26 +308,26 @@ func TestPrefixIndexIsSharedBetweenVMsOnTheTick(t *testing.T) {
 	p := make([]byte, 8*100)
 	rand.New(rand.NewSource(1)).Read(p)
 	cps, _ := HashCheckpoints("m", p, 8, nil)
-	require.NoError(t, b.Sync(1000)) // b registers first
-	a.Record(cps, 7)
+	require.NoError(t, b.Sync(1000, nil)) // b registers first
+	a.Record(cps, 7, 0, 0)
 	assert.Empty(t, b.Match(cps, all), "not before a's tick")
-	require.NoError(t, a.Sync(1100))
+	require.NoError(t, a.Sync(1100, nil))
 	assert.Empty(t, b.Match(cps, all), "nor before b's")
-	require.NoError(t, b.Sync(1200))
+	require.NoError(t, b.Sync(1200, nil))
 	got := b.Match(cps, all)
 	require.Len(t, got, 1)
 	assert.Equal(t, prefixMatch{Target: 7, Blocks: 100}, got[0])
 	// b's records flow back to a.
-	b.Record(cps, 9)
-	require.NoError(t, b.Sync(1300))
-	require.NoError(t, a.Sync(1400))
+	b.Record(cps, 9, 0, 0)
+	require.NoError(t, b.Sync(1300, nil))
+	require.NoError(t, a.Sync(1400, nil))
 	got = a.Match(cps, all)
 	require.Len(t, got, 2)
 	assert.Equal(t, uint32(9), got[0].Target, "the most recent holder first")
 
 	// A VM that starts later (a reconfiguration) replays what the rings still hold.
 	c := NewPrefixIndex(store, "ns", "decode", 4096, 8)
-	require.NoError(t, c.Sync(1500))
+	require.NoError(t, c.Sync(1500, nil))
 	assert.Len(t, c.Match(cps, all), 2)
 }
 
@@ -336,23 +336,23 @@ func TestPrefixJournalSurvivesFallingBehindAndGarbage(t *testing.T) {
 	a := NewPrefixIndex(store, "ns", "decode", 1<<16, 8)
 	b := NewPrefixIndex(store, "ns", "decode", 1<<16, 8)
 	all := func(uint32) bool { return true }
-	require.NoError(t, b.Sync(1000))
+	require.NoError(t, b.Sync(1000, nil))
 	rng := rand.New(rand.NewSource(2))
 	var last []Checkpoint
 	for i := 0; i < 3*journalRing; i++ { // a publishes far more than a ring while b sleeps
 		p := make([]byte, 8*20)
 		rng.Read(p)
 		last, _ = HashCheckpoints("m", p, 8, nil)
-		a.Record(last, 3)
-		require.NoError(t, a.Sync(int64(1001+i)))
+		a.Record(last, 3, 0, 0)
+		require.NoError(t, a.Sync(int64(1001+i), nil))
 	}
-	require.NoError(t, b.Sync(1100))
+	require.NoError(t, b.Sync(1100, nil))
 	assert.Len(t, b.Match(last, all), 1, "the newest chunks arrive")
 	// Garbage in the keys is skipped, not fatal.
 	require.NoError(t, store.Set("ns/pj/decode/slots", []byte{42, 1, 2}, 0))
 	require.NoError(t, store.Set("ns/pj/decode/0/head", []byte{42}, 0))
-	require.NoError(t, a.Sync(2000))
-	require.NoError(t, b.Sync(2001))
+	require.NoError(t, a.Sync(2000, nil))
+	require.NoError(t, b.Sync(2001, nil))
 }
 
 func TestPrefixJournalWithEverySlotTakenSharesNothing(t *testing.T) {
@@ -360,19 +360,19 @@ func TestPrefixJournalWithEverySlotTakenSharesNothing(t *testing.T) {
 	var idx []*PrefixIndex
 	for i := 0; i < journalSlots; i++ {
 		x := NewPrefixIndex(store, "ns", "decode", 1024, 8)
-		require.NoError(t, x.Sync(1000))
+		require.NoError(t, x.Sync(1000, nil))
 		idx = append(idx, x)
 	}
 	late := NewPrefixIndex(store, "ns", "decode", 1024, 8)
 	p := make([]byte, 8*20)
 	cps, _ := HashCheckpoints("m", p, 8, nil)
-	late.Record(cps, 4)
-	require.NoError(t, late.Sync(1001))
+	late.Record(cps, 4, 0, 0)
+	require.NoError(t, late.Sync(1001, nil))
 	assert.Equal(t, -1, late.journal.slot)
 	assert.Empty(t, late.journal.outbox, "the outbox does not grow without a slot")
 	assert.Len(t, late.Match(cps, func(uint32) bool { return true }), 1, "its own table still works")
 	// After the others go quiet for the slot TTL, it gets a slot.
-	require.NoError(t, late.Sync(1001+journalSlotTTLms+journalRegisterMS+1))
+	require.NoError(t, late.Sync(1001+journalSlotTTLms+journalRegisterMS+1, nil))
 	assert.GreaterOrEqual(t, late.journal.slot, 0)
 }
 

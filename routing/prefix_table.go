@@ -19,7 +19,10 @@ const (
 type prefixEntry struct {
 	hash    uint64
 	targets [prefixTargetsPerEntry]uint32 // 0 marks an empty slot
-	stamp   uint32                        // 0 marks an empty entry
+	// clocks[s] is targets[s]'s write clock when it last recorded the prefix: once
+	// the clock has moved on by more than the target's cache holds, the copy is gone.
+	clocks [prefixTargetsPerEntry]uint32
+	stamp  uint32 // 0 marks an empty entry
 }
 
 func newPrefixTable(capacity int) *prefixTable {
@@ -50,10 +53,11 @@ func (t *prefixTable) find(hash uint64) *prefixEntry {
 	return nil
 }
 
-// record makes target the most recent holder of hash. It reports whether that
-// changed anything a peer would need to hear about (a new entry, or a new first
-// target); a repeat only refreshes the entry's recency.
-func (t *prefixTable) record(hash uint64, target uint32) (changed bool) {
+// record makes target the most recent holder of hash, at its write clock. It reports
+// whether that changed anything a peer would need to hear about (a new entry, a new
+// first target, or a clock that crossed a multiple of refresh); a repeat otherwise
+// only refreshes the entry's recency and clock.
+func (t *prefixTable) record(hash uint64, target, clock, refresh uint32) (changed bool) {
 	t.clock++
 	if t.clock == 0 { // wrapped: stamps restart, ordering is approximate for a moment
 		t.clock = 1
@@ -63,9 +67,13 @@ func (t *prefixTable) record(hash uint64, target uint32) (changed bool) {
 		if e := &set[i]; e.hash == hash && e.stamp != 0 {
 			e.stamp = t.clock
 			if e.targets[0] == target {
-				return false
+				// Crossing a multiple of refresh is news: peers then hear of a prefix
+				// in use at least once every refresh of clock.
+				old := e.clocks[0]
+				e.clocks[0] = clock
+				return refresh > 0 && clock/refresh != old/refresh
 			}
-			promoteTarget(&e.targets, target)
+			promoteTarget(e, target, clock)
 			return true
 		}
 	}
@@ -75,12 +83,15 @@ func (t *prefixTable) record(hash uint64, target uint32) (changed bool) {
 			victim = i
 		}
 	}
-	set[victim] = prefixEntry{hash: hash, targets: [prefixTargetsPerEntry]uint32{target}, stamp: t.clock}
+	set[victim] = prefixEntry{hash: hash, targets: [prefixTargetsPerEntry]uint32{target},
+		clocks: [prefixTargetsPerEntry]uint32{clock}, stamp: t.clock}
 	return true
 }
 
-// promoteTarget puts target first, keeping the others in order (dropping the oldest).
-func promoteTarget(ts *[prefixTargetsPerEntry]uint32, target uint32) {
+// promoteTarget puts target first with its clock, keeping the others in order
+// (dropping the oldest).
+func promoteTarget(e *prefixEntry, target, clock uint32) {
+	ts := &e.targets
 	j := len(ts) - 1
 	for i, t := range ts {
 		if t == target {
@@ -89,5 +100,6 @@ func promoteTarget(ts *[prefixTargetsPerEntry]uint32, target uint32) {
 		}
 	}
 	copy(ts[1:j+1], ts[:j])
-	ts[0] = target
+	copy(e.clocks[1:j+1], e.clocks[:j])
+	ts[0], e.clocks[0] = target, clock
 }

@@ -41,10 +41,12 @@ type poolState struct {
 	viewLoads    []Load
 	viewEligible []int
 	candBuf      []int
-	byID32       targetIndex       // low 32 bits of a target id → index, as the prefix index keeps them
-	matchedBuf   []int             // per target index: matched blocks of the request being decided
-	tokensBuf    []int             // per target index: matched tokens, gated
-	known        func(uint32) bool // whether the prefix index's 32-bit id is a target here
+	byID32       targetIndex         // low 32 bits of a target id → index, as the prefix index keeps them
+	matchedBuf   []int               // per target index: matched blocks of the request being decided
+	tokensBuf    []int               // per target index: matched tokens, gated
+	known        func(uint32) bool   // whether the prefix index's 32-bit id is a target here
+	clockOf      func(uint32) uint32 // a target's write clock in the view, in blocks
+	syncLoads    []Load              // the ledger read on the tick, for the index's clocks
 
 	disc *poolDiscovery // nil for a static pool
 }
@@ -63,6 +65,13 @@ func NewRouter(cfg *Config, store Store, now func() int64) *Router {
 		}
 		ps.setTargets(p.Endpoints)
 		ps.known = func(t uint32) bool { return ps.byID32.get(uint64(t)) >= 0 }
+		bt := int64(max(1, cfg.Prefix.BlockTokens))
+		ps.clockOf = func(t uint32) uint32 {
+			if i := ps.byID32.get(uint64(t)); i >= 0 && i < len(ps.view.loads) {
+				return uint32(ps.view.loads[i].Written / bt)
+			}
+			return 0
+		}
 		if cfg.EngineMetrics.Enabled {
 			ps.engine = NewEngineBoard(store, ns, name, cfg.EngineMetrics.StaleMS, retries)
 			ps.engineFigures = map[uint64]EngineFigures{}
@@ -93,6 +102,7 @@ func (ps *poolState) setTargets(eps []Endpoint) {
 		ps.byID32.put(uint64(prefixTargetID(t.ID)), i)
 	}
 	ps.matchedBuf = make([]int, n)
+	ps.syncLoads = make([]Load, n)
 	ps.tokensBuf = make([]int, n)
 	ps.viewLoads = make([]Load, n)
 	ps.viewEligible = make([]int, 0, n)
@@ -284,9 +294,19 @@ func (r *Router) loadOf(l Load) int64 {
 	return l.Requests
 }
 
-// cheapest applies the cost (docs/behaviour.md, The cost) with matched tokens per target
-// index (nil: no match anywhere). Ties go to fewer active tokens, then to a shuffle seeded
-// by the request identity, so every VM and replica picks alike.
+// cheapest applies the cost (docs/behaviour.md, The cost) with matched tokens per target index (nil: no match
+// anywhere). The cost estimates, in prefill tokens (time at a target's prefill
+// rate), how long the request would wait for its first token on a target:
+//
+//	cost(t) = queued_prefill(t) + 4 × (request_tokens − matched(t))
+//	        + load_weight × active_tokens(t) / max(total_active_tokens, request_tokens) × request_tokens
+//
+// queued_prefill(t) is the uncached tokens of the requests sent to t whose first
+// response chunk has not come back (their prefill is queued or running, ahead of
+// this one); request_tokens − matched(t) is this request's own prefill there,
+// weighted by ownWeight; the last term is the decode load, which slows a prefill
+// sharing the engine with it and holds the KV memory new requests need. Ties go to fewer active tokens, then to a
+// shuffle seeded by the request identity, so every VM and replica picks alike.
 func (r *Router) cheapest(v *poolView, cands []int, req *Request, matched []int) int {
 	if len(cands) == 0 {
 		return -1
@@ -301,7 +321,8 @@ func (r *Router) cheapest(v *poolView, cands []int, req *Request, matched []int)
 		if matched != nil {
 			m = float64(matched[i])
 		}
-		cost := (reqTokens - m) + w*float64(v.loads[i].Tokens)/denom*reqTokens
+		l := &v.loads[i]
+		cost := float64(l.Prefill) + ownWeight*(reqTokens-m) + w*float64(l.Tokens)/denom*reqTokens
 		if best < 0 || cost < bestCost ||
 			(cost == bestCost && tieBefore(req.Identity, &ts[i], v.loads[i], &ts[best], v.loads[best])) {
 			best, bestCost = i, cost
@@ -459,11 +480,14 @@ func (r *Router) choose(p *poolState, req *Request, pr *prompt, rank int, nowMS 
 		return chosen{}, err
 	}
 	c := chosen{kind: kind, target: p.targets.Targets[choice]}
+	uncached := int64(req.Tokens)
 	if len(pr.cps) > 0 {
 		c.matched = r.matchedOn(v, req, pr, choice)
-		p.index.Record(pr.cps, c.target.ID)
+		uncached -= min(int64(c.matched), uncached)
+		bt := int64(max(1, r.cfg.Prefix.BlockTokens))
+		p.index.Record(pr.cps, c.target.ID, uint32((v.loads[choice].Written+uncached)/bt), r.cacheClocks()/8)
 	}
-	c.ticket, err = p.ledger.Acquire(c.target.ID, int64(req.Tokens), nowMS)
+	c.ticket, err = p.ledger.AcquireQueued(c.target.ID, int64(req.Tokens), uncached, nowMS)
 	if err != nil { // the load is held in the batch all the same
 		c.stateFailed = true
 	}
@@ -509,7 +533,11 @@ func (r *Router) lookupDeepest(v *poolView, pr *prompt) {
 		return
 	}
 	p := v.pool
-	pr.search = p.index.StartMatch(pr.cps, p.known)
+	if c := r.cacheClocks(); c > 0 {
+		pr.search = p.index.StartMatchLive(pr.cps, p.known, p.clockOf, c)
+	} else {
+		pr.search = p.index.StartMatch(pr.cps, p.known)
+	}
 	pr.search.Next()
 	r.fillMatched(p, pr)
 	pr.complete = pr.search.Done()
@@ -544,7 +572,10 @@ func (r *Router) matchedTokens(v *poolView, req *Request, pr *prompt, cands []in
 }
 
 // placeByPrefix places a request without an explicit id: implicit continuation, else
-// the gated cost (pure load when nothing matched).
+// the gated cost (pure load when nothing matched). A holder keeps a continuation outright
+// when it is under the fair-share cap and what is queued there is no more than its
+// cache is worth (queueFits); otherwise it keeps it only if it is still the cheapest
+// of the candidates and itself.
 func (r *Router) placeByPrefix(v *poolView, req *Request, pr *prompt) (int, Kind, error) {
 	cands, capped := v.candidates()
 	if capped {
@@ -553,14 +584,26 @@ func (r *Router) placeByPrefix(v *poolView, req *Request, pr *prompt) (int, Kind
 	// The deepest match alone decides a continuation (the longest match wins); the
 	// other targets' shorter matches are looked up only when there is none.
 	r.lookupDeepest(v, pr)
-	if i := r.continuation(v, req, pr, cands); i >= 0 {
+	if i := r.continuation(v, req, pr, cands, true); i >= 0 {
 		return i, KindContinuation, nil
 	}
 	if err := r.lookup(v, pr); err != nil {
 		return -1, 0, err
 	}
-	if i := r.continuation(v, req, pr, cands); i >= 0 {
+	if i := r.continuation(v, req, pr, cands, true); i >= 0 {
 		return i, KindContinuation, nil
+	}
+	if h := r.continuation(v, req, pr, v.eligible, false); h >= 0 {
+		extra := !contains(cands, h)
+		if extra {
+			cands = append(cands, h)
+		}
+		if i := r.cheapest(v, cands, req, r.matchedTokens(v, req, pr, cands)); i == h {
+			return h, KindContinuation, nil
+		}
+		if extra {
+			cands = cands[:len(cands)-1]
+		}
 	}
 	matched := r.matchedTokens(v, req, pr, cands)
 	i := r.cheapest(v, cands, req, matched)
@@ -570,10 +613,44 @@ func (r *Router) placeByPrefix(v *poolView, req *Request, pr *prompt) (int, Kind
 	return i, KindLoad, nil
 }
 
+// queueFits reports whether the prefill queued on target i is no more than what the
+// request's cache there is worth (ownWeight × its cached tokens): then waiting there
+// costs less than computing the whole prompt on an idle target, and affinity needs
+// no weighing.
+func (r *Router) queueFits(v *poolView, req *Request, pr *prompt, i int) bool {
+	q := v.loads[i].Prefill
+	if q == 0 {
+		return true
+	}
+	if pr.matched == nil {
+		return false
+	}
+	cached := min(int64(pr.matched[i])*int64(r.cfg.Prefix.BlockTokens), int64(req.Tokens))
+	return float64(q) <= ownWeight*float64(cached)
+}
+
+// ownWeight is what a token of this request's own prefill costs against a token
+// queued ahead of it. The request waits for its own prefill once; what it computes
+// also delays the requests that queue behind it, and what it recomputes away from
+// the target that caches it is written to a second cache, evicting other prompts'
+// prefixes there, while the first copy goes unused. BENCHMARKS.md has the replays
+// behind the value.
+const ownWeight = 4.0
+
+func contains(xs []int, x int) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
 // continuation finds a candidate holding at least continuation_threshold of the
 // request's blocks (leaving out the first skip_blocks on both sides): the longest
 // match wins, then the lower cost. -1 if none.
-func (r *Router) continuation(v *poolView, req *Request, pr *prompt, cands []int) int {
+// With fitting, only holders whose queued prefill fits (queueFits) qualify.
+func (r *Router) continuation(v *poolView, req *Request, pr *prompt, cands []int, fitting bool) int {
 	skip := r.cfg.Prefix.SkipBlocks
 	if pr.matched == nil || pr.blocks <= skip {
 		return -1
@@ -583,7 +660,7 @@ func (r *Router) continuation(v *poolView, req *Request, pr *prompt, cands []int
 	var qualified []int
 	for _, i := range cands {
 		m := pr.matched[i]
-		if m <= skip || float64(m-skip) < need {
+		if m <= skip || float64(m-skip) < need || fitting && !r.queueFits(v, req, pr, i) {
 			continue
 		}
 		switch {
@@ -608,11 +685,24 @@ func (r *Router) placeConversation(v *poolView, req *Request, pr *prompt) (int, 
 	}
 	if found {
 		if i := v.position(mapped); i >= 0 {
-			if !v.atCap(i) {
+			if !v.atCap(i) && (v.loads[i].Prefill == 0 || len(pr.cps) == 0) {
+				// Without a prompt to look up, nothing says the wait costs more
+				// than the history cached there.
 				return i, KindSticky, nil
 			}
-			i, err := r.scored(v, req, pr)
-			return i, KindOverflow, err
+			if err := r.lookup(v, pr); err != nil {
+				return -1, 0, err
+			}
+			if !v.atCap(i) && r.queueFits(v, req, pr, i) {
+				return i, KindSticky, nil
+			}
+			// At the cap, or with more queued there than its cache is worth, the
+			// mapped target keeps the turn only if it is still the cheapest.
+			c, err := r.scoredWith(v, req, pr, i)
+			if c == i {
+				return i, KindSticky, err
+			}
+			return c, KindOverflow, err
 		}
 	}
 	choice, err := r.firstTurn(v, req, pr)
@@ -627,9 +717,17 @@ func (r *Router) placeConversation(v *poolView, req *Request, pr *prompt) (int, 
 
 // scored is the gated cost over the candidates.
 func (r *Router) scored(v *poolView, req *Request, pr *prompt) (int, error) {
+	return r.scoredWith(v, req, pr, -1)
+}
+
+// scoredWith is scored with target extra (if >= 0) among the candidates.
+func (r *Router) scoredWith(v *poolView, req *Request, pr *prompt, extra int) (int, error) {
 	cands, capped := v.candidates()
 	if capped {
 		cands = r.leastLoaded(v, cands)
+	}
+	if extra >= 0 && !contains(cands, extra) {
+		cands = append(cands, extra)
 	}
 	if err := r.lookup(v, pr); err != nil {
 		return -1, err
@@ -683,6 +781,15 @@ func (r *Router) rankExists(p *poolState, rank int) bool {
 	return false
 }
 
+// FirstChunk records that the decode target's first response chunk came back: the
+// request's prefill is over, and its queued prefill tokens leave the ledger.
+func (r *Router) FirstChunk(t *LoadTicket) error {
+	if !t.Valid {
+		return nil
+	}
+	return r.decode.ledger.FirstChunk(t, r.now)
+}
+
 // Release hands a decode ticket back. An error means the batch it joined could not be
 // written yet; the release itself is kept and written at the next flush.
 func (r *Router) Release(t LoadTicket) error {
@@ -713,16 +820,42 @@ func (r *Router) ReportHealth(t Target, prefill bool, failed bool) (bool, error)
 	return p.health.Report(FingerprintString(t.Address), failed, r.now())
 }
 
+// cacheClocks is prefix.target_cache_tokens in write-clock units (blocks); 0 when
+// unknown.
+func (r *Router) cacheClocks() uint32 {
+	c := r.cfg.Prefix.TargetCacheTokens / int64(max(1, r.cfg.Prefix.BlockTokens))
+	return uint32(min(c, 1<<30))
+}
+
 // SyncPrefixes shares this VM's prefix records with the other VMs and takes theirs
-// (see PrefixIndex). It runs on the tick.
+// (see PrefixIndex), at the write clocks of this VM's view of the ledger. It runs on
+// the tick.
 func (r *Router) SyncPrefixes() error {
-	err := r.decode.index.Sync(r.now())
+	err := r.syncPool(r.decode)
 	if r.prefill.inUse() {
-		if err2 := r.prefill.index.Sync(r.now()); err == nil {
+		if err2 := r.syncPool(r.prefill); err == nil {
 			err = err2
 		}
 	}
 	return err
+}
+
+func (r *Router) syncPool(p *poolState) error {
+	now := r.now()
+	var clockOf func(uint32) uint32
+	if r.cacheClocks() > 0 {
+		clear(p.syncLoads)
+		if p.ledger.LoadsInto(now, p.targets.Index, p.syncLoads) == nil {
+			bt := int64(max(1, r.cfg.Prefix.BlockTokens))
+			clockOf = func(t uint32) uint32 {
+				if i := p.byID32.get(uint64(t)); i >= 0 {
+					return uint32(p.syncLoads[i].Written / bt)
+				}
+				return 0
+			}
+		}
+	}
+	return p.index.Sync(now, clockOf)
 }
 
 // FlushLoad writes this VM's batched load changes to both ledgers, drops expired

@@ -29,10 +29,12 @@ func sfConvBucket(f byte, fp, target uint64) []byte {
 func sfLedger(f byte, target uint64, epoch, requests, tokens int64) []byte {
 	v := []byte{f}
 	v = binary.LittleEndian.AppendUint64(v, target)
+	v = binary.LittleEndian.AppendUint64(v, 0) // write clock
 	v = append(v, 1)
 	v = binary.LittleEndian.AppendUint64(v, uint64(epoch))
 	v = binary.LittleEndian.AppendUint32(v, uint32(requests))
-	return binary.LittleEndian.AppendUint64(v, uint64(tokens))
+	v = binary.LittleEndian.AppendUint64(v, uint64(tokens))
+	return binary.LittleEndian.AppendUint64(v, 0) // queued prefill tokens
 }
 
 // sfHealth is a health value of format f ejecting endpoint until untilMS.
@@ -102,7 +104,8 @@ func TestStateFormatConversationBucket(t *testing.T) {
 
 func TestStateFormatLedger(t *testing.T) {
 	cfg := testConfig(t, `,"prefix":{"enabled":false}`)
-	for _, f := range append([]byte{ledgerFormat}, sfUnknownFormats...) {
+	// Format 1 (no queued prefill tokens) is an older filter's: read as unknown.
+	for _, f := range []byte{ledgerFormat, 0, 1, 7, 0x7f, 0xff} {
 		t.Run(fmt.Sprint("format ", f), func(t *testing.T) {
 			store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
 			r := NewRouter(cfg, store, clock.now)

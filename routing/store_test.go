@@ -27,9 +27,9 @@ func TestPrefixJournalPublishesUnderEitherCASZeroRule(t *testing.T) {
 			for i := 0; i < 3; i++ { // every tick publishes, not only the first
 				p := []byte{byte(i), 1, 2, 3, 4, 5, 6, 7}
 				cps, _ := HashCheckpoints("m", p, 8, nil)
-				a.Record(cps, uint64(10+i))
-				require.NoError(t, a.Sync(int64(1000+10*i)))
-				require.NoError(t, b.Sync(int64(1001+10*i)))
+				a.Record(cps, uint64(10+i), 0, 0)
+				require.NoError(t, a.Sync(int64(1000+10*i), nil))
+				require.NoError(t, b.Sync(int64(1001+10*i), nil))
 				assert.Len(t, b.Match(cps, all), 1, "tick %d", i)
 			}
 		})

@@ -75,7 +75,8 @@ type Fleet struct {
 	hitTokens, inputTokens int64
 	ttft                   []float64
 	choices                []int
-	hits                   []int32 // per request index: prefix blocks served from cache
+	hits                   []int32   // per request index: prefix blocks served from cache
+	ttftByIndex            []float64 // per request index
 }
 
 // NewFleet builds an idle fleet whose caches count blocks of blockTokens tokens.
@@ -149,6 +150,9 @@ func (f *Fleet) admit(tg *target, j *job) {
 		f.hits = append(f.hits, 0)
 	}
 	f.hits[r.Index] = int32(hits)
+	for len(f.ttftByIndex) <= r.Index {
+		f.ttftByIndex = append(f.ttftByIndex, 0)
+	}
 	f.totalBlocks += int64(len(r.Blocks))
 	f.hitTokens += int64(hitTokens)
 	f.inputTokens += int64(r.InputTokens)
@@ -162,6 +166,7 @@ func (f *Fleet) admit(tg *target, j *job) {
 	tg.kvTokens += r.InputTokens + r.OutputTokens
 	tg.running = append(tg.running, j)
 	f.ttft = append(f.ttft, prefillEnd-r.ArrivalMS)
+	f.ttftByIndex[r.Index] = prefillEnd - r.ArrivalMS
 	f.seq++
 	heap.Push(&f.events, event{at: prefillEnd, seq: f.seq, job: j, firstToken: true})
 	f.seq++
@@ -243,6 +248,7 @@ type Result struct {
 	TTFT                   []float64 // sorted, ms
 	Choices                []int     // target per request, in arrival order
 	Hits                   []int32   // prefix blocks served from cache, per request index
+	TTFTByIndex            []float64 // TTFT per request index, ms
 	Kinds                  []string  // the policy's decision per request, if it reports one
 	Decisions              []Count   // the policy's own decision mix, if it reports one
 	PD                     string    // P/D split, if the policy reports one
@@ -258,7 +264,7 @@ type Count struct {
 
 func (f *Fleet) result(name string) *Result {
 	res := &Result{Policy: name, Requests: len(f.choices), HitBlocks: f.hitBlocks, TotalBlocks: f.totalBlocks,
-		HitTokens: f.hitTokens, InputTokens: f.inputTokens, EndMS: f.now, Choices: f.choices, Hits: f.hits}
+		HitTokens: f.hitTokens, InputTokens: f.inputTokens, EndMS: f.now, Choices: f.choices, Hits: f.hits, TTFTByIndex: f.ttftByIndex}
 	for _, tg := range f.targets {
 		res.Assigned = append(res.Assigned, tg.assigned)
 		res.Work = append(res.Work, tg.work)

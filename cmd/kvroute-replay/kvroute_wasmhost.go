@@ -237,8 +237,9 @@ func (p *kvrouteWasm) PDSplit() string {
 }
 
 // replayConfig reads the kvroute config for the replay and sets its decode pool to
-// the fleet: endpoints 10.0.0.1:8000 … with dp_size ranks each. Everything else in
-// the file is kept as written.
+// the fleet: endpoints 10.0.0.1:8000 … with dp_size ranks each, and, unless the file
+// sets it, prefix.target_cache_tokens to the fleet's cache per target. Everything
+// else in the file is kept as written.
 func replayConfig(path string, cfg FleetConfig) ([]byte, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -258,6 +259,16 @@ func replayConfig(path string, cfg FleetConfig) ([]byte, error) {
 		eps = append(eps, map[string]any{"address": cfg.Address(e), "dp_size": cfg.DPSize})
 	}
 	pools["decode"] = map[string]any{"endpoints": eps}
+	// An operator states each engine's KV cache (vLLM: num_gpu_blocks × block_size);
+	// unless the file does, the replay states the fleet's.
+	prefix, _ := doc["prefix"].(map[string]any)
+	if prefix == nil {
+		prefix = map[string]any{}
+		doc["prefix"] = prefix
+	}
+	if _, ok := prefix["target_cache_tokens"]; !ok {
+		prefix["target_cache_tokens"] = cfg.CacheTokens
+	}
 	if h, ok := doc["headers"].(map[string]any); ok {
 		for key, want := range map[string]string{"destination": headerDestination, "dp_rank": headerDPRank, "decision": headerDecision} {
 			if v, ok := h[key]; ok && v != want {

@@ -398,7 +398,7 @@ func (rep *Report) WriteCSV(w io.Writer, reqs []*Request) error {
 	b.WriteString("request,arrival_ms,input_tokens,blocks")
 	for _, r := range results {
 		name := strings.NewReplacer(" ", "_", "(", "", ")", "").Replace(r.Policy)
-		fmt.Fprintf(&b, ",%s_target,%s_hits", name, name)
+		fmt.Fprintf(&b, ",%s_target,%s_hits,%s_ttft_ms", name, name, name)
 	}
 	if rep.KVRoute != nil {
 		b.WriteString(",kvroute_decision")
@@ -414,7 +414,11 @@ func (rep *Report) WriteCSV(w io.Writer, reqs []*Request) error {
 			if i < len(r.Hits) {
 				h = r.Hits[i]
 			}
-			fmt.Fprintf(&b, ",%d,%d", t, h)
+			ttft := 0.0
+			if i < len(r.TTFTByIndex) {
+				ttft = r.TTFTByIndex[i]
+			}
+			fmt.Fprintf(&b, ",%d,%d,%.0f", t, h, ttft)
 		}
 		if k := rep.KVRoute; k != nil {
 			kind := ""

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"math/rand"
+	"strconv"
+	"testing"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/stretchr/testify/assert"
+)
+
+// TestFirstResponseChunkEndsTheQueuedPrefill: a request's prefill counts as queued on
+// its target until the first chunk of its response body, not its response headers
+// (a streamed response sends those before the first token). A second request sharing
+// half of the first one's prompt avoids that target while the first is in prefill,
+// and goes there for its cache once the first chunk is back.
+func TestFirstResponseChunkEndsTheQueuedPrefillInFilter(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		for _, chunk := range []bool{false, true} {
+			t.Run("chunk="+strconv.FormatBool(chunk), func(t *testing.T) {
+				h := startHost(t, vm, threeEndpoints)
+				rng := rand.New(rand.NewSource(8))
+				doc := prose(rng, 32000) // 8000 tokens
+				a, _ := h.send(post("/v1/completions", completionBody(doc)))
+				home, _ := h.header(a, "x-gateway-destination-endpoint")
+				h.CallOnResponseHeaders(a, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
+				if chunk {
+					h.CallOnResponseBody(a, []byte("data: {}\n\n"), false)
+				}
+				b, _ := h.send(post("/v1/completions", completionBody(doc[:16000]+prose(rng, 16000))))
+				dest, _ := h.header(b, "x-gateway-destination-endpoint")
+				dec, _ := h.header(b, "x-kvroute-decision")
+				if chunk {
+					assert.Equal(t, home, dest, "the prefill is over: the cache there wins")
+					assert.Equal(t, "prefix", dec)
+				} else {
+					assert.NotEqual(t, home, dest, "8000 tokens still queued there")
+					assert.Equal(t, "load", dec)
+				}
+				h.respond(b, 200)
+				h.CallOnResponseBody(a, []byte("data: [DONE]\n\n"), true)
+				h.CompleteHttpContext(a)
+				h.advance(200) // a tick writes the batch
+				h.Tick()
+				assert.Equal(t, int64(0), h.gauge("kvroute_active_requests"), "every request's load is released")
+			})
+		}
+	})
+}

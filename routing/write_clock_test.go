@@ -1,0 +1,68 @@
+package routing
+
+import (
+	"math/rand"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestAHolderWhoseCacheTurnedOverHoldsNothing(t *testing.T) {
+	// A document is recorded on one target; then that target takes in 5000 uncached
+	// tokens of other work. With a cache of 4000 tokens per target the document's
+	// copy is gone and its continuation is placed afresh; with the capacity unknown
+	// (0) or large enough it is still a continuation there.
+	rng := rand.New(rand.NewSource(6))
+	doc := words(rng, 8000)
+	next := doc + words(rng, 400)
+	for _, c := range []struct {
+		cache string
+		kind  Kind
+	}{{"0", KindContinuation}, {"6000", KindContinuation}, {"4000", KindLoad}} {
+		t.Run(c.cache, func(t *testing.T) {
+			cfg := testConfig(t, `,"prefix":{"target_cache_tokens":`+c.cache+`},"balance":{"fair_share_multiplier":100}`)
+			r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+			first := r.Decide(textRequest(doc, 1), NoRank)
+			require.NoError(t, r.Release(first.Ticket))
+			other, err := r.decode.ledger.AcquireQueued(first.Target.ID, 5000, 5000, 1e6)
+			require.NoError(t, err)
+			require.NoError(t, r.decode.ledger.Release(other, func() int64 { return 1e6 }))
+			d := r.Decide(textRequest(next, 2), NoRank)
+			assert.Equal(t, c.kind, d.Kind)
+		})
+	}
+}
+
+func TestAHolderThatKeepsUsingItsCopyKeepsIt(t *testing.T) {
+	// The same, but the document is asked about again between the other work: the
+	// record refreshes the copy's clock, as the engine's LRU refreshes its blocks.
+	rng := rand.New(rand.NewSource(7))
+	doc := words(rng, 8000)
+	cfg := testConfig(t, `,"prefix":{"target_cache_tokens":4000},"balance":{"fair_share_multiplier":100}`)
+	r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	first := r.Decide(textRequest(doc, 1), NoRank)
+	require.NoError(t, r.Release(first.Ticket))
+	for i := 0; i < 2; i++ {
+		other, err := r.decode.ledger.AcquireQueued(first.Target.ID, 2500, 2500, 1e6)
+		require.NoError(t, err)
+		require.NoError(t, r.decode.ledger.Release(other, func() int64 { return 1e6 }))
+		d := r.Decide(textRequest(doc+words(rng, 400), uint64(2+i)), NoRank)
+		assert.Equal(t, KindContinuation, d.Kind, "round %d", i)
+		assert.Equal(t, first.Target.ID, d.Target.ID)
+		require.NoError(t, r.Release(d.Ticket))
+	}
+}
+
+func TestPrefixTableRefreshesAClockThatMovedOn(t *testing.T) {
+	tab := newPrefixTable(64)
+	assert.True(t, tab.record(1, 7, 10, 4), "a new entry")
+	assert.False(t, tab.record(1, 7, 11, 4), "within one multiple of refresh: no news for the peers")
+	assert.True(t, tab.record(1, 7, 12, 4), "crossed a multiple of refresh")
+	assert.False(t, tab.record(1, 7, 15, 4))
+	assert.False(t, tab.record(1, 7, 100, 0), "refresh 0: clocks are never news")
+	assert.Equal(t, uint32(100), tab.find(1).clocks[0])
+	assert.True(t, tab.record(1, 8, 5, 0), "a new first target")
+	assert.Equal(t, [4]uint32{8, 7}, tab.find(1).targets)
+	assert.Equal(t, [4]uint32{5, 100}, tab.find(1).clocks, "clocks move with their targets")
+}
