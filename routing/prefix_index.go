@@ -101,6 +101,9 @@ func (m *PrefixSearch) Done() bool { return m.rounds >= maxMatchRounds || m.hi <
 
 func (m *PrefixSearch) fresh(t uint32) bool { return m.status(t) == 1 }
 
+// holder reports whether t is a target of the pool, found or not.
+func (m *PrefixSearch) holder(t uint32) bool { return m.status(t) > 0 }
+
 // status is 1 for a known target not found yet, 2 for one found, -1 for an unknown
 // one; it leaves the target's write clock in lastNow.
 func (m *PrefixSearch) status(t uint32) int8 {
@@ -137,6 +140,34 @@ func (m *PrefixSearch) markFound(t uint32) {
 			m.state[i] = 2
 		}
 	}
+}
+
+// CommonDepth is the deepest checkpoint position (in blocks) whose entry names as
+// many live holders as an entry can: a prefix that popular (a shared system prompt)
+// is taken to be held by every target, since the entry can only name its most
+// recent holders. Without it every request sharing such a prefix would go to the
+// few named holders, and each would keep them named. 0 if none.
+func (m *PrefixSearch) CommonDepth() int {
+	lo, hi, top := 0, len(m.cps), -1
+	for lo < hi {
+		mid := (lo + hi) / 2
+		e := m.x.table.find(m.cps[mid].Hash)
+		n := 0
+		for s := 0; e != nil && s < prefixTargetsPerEntry; s++ {
+			if t := e.targets[s]; t != 0 && m.holder(t) && m.live(e, s) {
+				n++
+			}
+		}
+		if n == prefixTargetsPerEntry {
+			top, lo = mid, mid+1
+		} else {
+			hi = mid
+		}
+	}
+	if top < 0 {
+		return 0
+	}
+	return m.cps[top].Pos
 }
 
 // Next runs one more binary search: the deepest checkpoint below the last one found

@@ -522,6 +522,11 @@ func (r *Router) lookup(v *poolView, pr *prompt) error {
 	for pr.search.Next() {
 	}
 	r.fillMatched(v.pool, pr)
+	if common := pr.search.CommonDepth(); common > 0 {
+		for _, i := range v.eligible {
+			pr.matched[i] = max(pr.matched[i], common)
+		}
+	}
 	pr.complete = true
 	return nil
 }

@@ -66,3 +66,36 @@ func TestPrefixTableRefreshesAClockThatMovedOn(t *testing.T) {
 	assert.Equal(t, [4]uint32{8, 7}, tab.find(1).targets)
 	assert.Equal(t, [4]uint32{5, 100}, tab.find(1).clocks, "clocks move with their targets")
 }
+
+func TestAPrefixEveryEntrySlotHoldsCountsAsHeldByAll(t *testing.T) {
+	// Six targets; a system prompt is recorded on four (as many as an entry names),
+	// each of which carries a little load. A new request with that system prompt
+	// goes to an idle target: a prefix that popular is taken to be cached everywhere
+	// rather than sending every such request to the four the entry happens to name.
+	// With the prompt on three targets only, the named holders' cache wins.
+	js := `{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":6}]}},"balance":{"fair_share_multiplier":100}}`
+	cfg, err := ParseConfig([]byte(js))
+	require.NoError(t, err)
+	rng := rand.New(rand.NewSource(9))
+	system := words(rng, 4000)
+	for _, holders := range []int{4, 3} {
+		r := NewRouter(&cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+		ts := r.DecodeTargets()
+		named := map[uint64]bool{}
+		sys := textRequest(system, 0)
+		cps, _ := HashCheckpoints(sys.Model, sys.Prompt, sys.BlockBytes, nil)
+		for i := 0; i < holders; i++ {
+			r.decode.index.Record(cps, ts[i].ID, 0, 0)
+			_, err := r.decode.ledger.Acquire(ts[i].ID, 100, 1e6)
+			require.NoError(t, err)
+			named[ts[i].ID] = true
+		}
+		d := r.Decide(textRequest(system+words(rng, 4000), 1), NoRank)
+		if holders == 4 {
+			assert.False(t, named[d.Target.ID], "an idle target: the system prompt counts as cached there too")
+		} else {
+			assert.True(t, named[d.Target.ID], "three named holders: the cache there wins")
+		}
+		assert.Equal(t, KindPrefix, d.Kind)
+	}
+}
