@@ -127,7 +127,7 @@ type BarLine struct {
 	NA   bool // not applicable to this trace (no shared prefixes)
 }
 
-// Bars evaluates SPEC §10's routing-quality bar at every speed, on the means over
+// Bars evaluates the routing-quality bar at every speed, on the means over
 // the draws: kvroute's TTFT mean and p99 each the lowest of all policies, and its hit
 // rate at least 95 % of the oracle's.
 func (rep *Report) Bars() []BarLine {
