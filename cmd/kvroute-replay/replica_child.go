@@ -168,6 +168,15 @@ func (s *replicaServer) Serve() (err error) {
 			if err := s.conn.Send(&replicaMsg{Kind: 'T', Target: t, Text: s.p.kinds[m.Index]}); err != nil {
 				return err
 			}
+		case 'F':
+			s.at(m.TimeMS)
+			s.p.FirstToken(&Request{Index: m.Index}, 0)
+			if s.err != nil {
+				return fail(s.err)
+			}
+			if err := s.conn.Send(&replicaMsg{Kind: 'O'}); err != nil {
+				return err
+			}
 		case 'D':
 			s.at(m.TimeMS)
 			s.p.Done(&Request{Index: m.Index}, 0)

@@ -19,6 +19,7 @@ import (
 //	C <index> <time_ms> <path_len> <n_headers> <body_len>\n<path>
 //	  then per header: <name_len> <value_len>\n<name><value>
 //	  then <body>                          choose a target for request <index>
+//	F <index> <time_ms>\n                 request <index>'s first token (first body chunk)
 //	D <index> <time_ms>\n                 request <index> completed
 //	S\n                                   report the filter's counters
 //	P <page_len>\n<page>                  the metrics page asked for by M
@@ -27,7 +28,7 @@ import (
 //
 //	M <endpoint_len>\n<endpoint>          before a reply: a scrape wants this page
 //	T <target> <kind_len>\n<kind>         the reply to C: target index, decision header
-//	ok\n                                  the reply to D
+//	ok\n                                  the reply to F and D
 //	S <len>\n<json>                       the reply to S
 //	E <len>\n<message>                    the child failed; it exits after this
 //
@@ -35,7 +36,7 @@ import (
 
 // replicaMsg is one protocol message; which fields count depends on Kind.
 type replicaMsg struct {
-	Kind    byte // 'C', 'D', 'S', 'P', 'M', 'T', 'O' (ok), 'E'
+	Kind    byte // 'C', 'F', 'D', 'S', 'P', 'M', 'T', 'O' (ok), 'E'
 	Index   int
 	TimeMS  float64
 	Path    string
@@ -74,8 +75,8 @@ func (c *replicaConn) Send(m *replicaMsg) error {
 			w.WriteString(h[1])
 		}
 		w.Write(m.Body)
-	case 'D':
-		fmt.Fprintf(w, "D %d %s\n", m.Index, formatMS(m.TimeMS))
+	case 'F', 'D':
+		fmt.Fprintf(w, "%c %d %s\n", m.Kind, m.Index, formatMS(m.TimeMS))
 	case 'S':
 		if m.Body == nil {
 			w.WriteString("S\n")
@@ -175,7 +176,7 @@ func (c *replicaConn) Receive() (*replicaMsg, error) {
 		if m.Body, err = c.readN(n[3]); err != nil {
 			return nil, err
 		}
-	case "D":
+	case "F", "D":
 		if len(fields) != 3 {
 			return nil, fmt.Errorf("replica protocol: %q: want 3 fields", bytes.TrimSpace(line))
 		}
@@ -184,7 +185,7 @@ func (c *replicaConn) Receive() (*replicaMsg, error) {
 		if err1 != nil || err2 != nil {
 			return nil, fmt.Errorf("replica protocol: %q: bad fields", bytes.TrimSpace(line))
 		}
-		m.Kind, m.Index, m.TimeMS = 'D', idx, t
+		m.Kind, m.Index, m.TimeMS = fields[0][0], idx, t
 	case "S":
 		m.Kind = 'S'
 		if len(fields) == 1 {

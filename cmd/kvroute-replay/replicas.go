@@ -263,6 +263,21 @@ func (p *replicaPolicy) Choose(r *Request, f *Fleet) int {
 	return m.Target
 }
 
+// FirstToken tells the replica that routed r of its first response chunk.
+func (p *replicaPolicy) FirstToken(r *Request, _ int) {
+	i, ok := p.home[r.Index]
+	if !ok || p.err != nil {
+		return
+	}
+	if err := p.kids[i].conn.Send(&replicaMsg{Kind: 'F', Index: r.Index, TimeMS: p.fleet.Now()}); err != nil {
+		p.fail(i, err)
+		return
+	}
+	if _, err := p.await(i, 'O'); err != nil {
+		p.fail(i, err)
+	}
+}
+
 func (p *replicaPolicy) Done(r *Request, _ int) {
 	i, ok := p.home[r.Index]
 	if !ok || p.err != nil {

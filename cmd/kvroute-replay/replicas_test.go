@@ -45,6 +45,7 @@ func TestReplicaProtocolRoundTrip(t *testing.T) {
 			Body:    []byte(`{"prompt":"` + weird + `"}`)},
 		{Kind: 'C', Index: 0, TimeMS: 0, Path: "", Body: []byte{}},
 		{Kind: 'D', Index: 123456, TimeMS: 1e-7},
+		{Kind: 'F', Index: 7, TimeMS: 12.5},
 		{Kind: 'S'},
 		{Kind: 'S', Body: []byte(`{"routed":3}`)},
 		{Kind: 'P', Body: []byte(weird)},
