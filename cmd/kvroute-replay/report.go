@@ -114,7 +114,7 @@ func (rep *Report) Stats(speed float64) []PolicyStats {
 	return out
 }
 
-// Bar limits of SPEC §10.
+// Limits of the routing-quality bar.
 const (
 	barOracleShare = 0.95
 	barLoad        = 1.2
