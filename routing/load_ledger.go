@@ -31,6 +31,11 @@ type LoadLedger struct {
 	retries int
 	slotMS  int64
 
+	// keepClock says whether a target's write clock is kept once it carries no load
+	// (nil: every one). Without it the clocks of targets that left the pool (a
+	// rollout's old pods) would stay in the key forever.
+	keepClock func(target uint64) bool
+
 	seen    []byte // the key as this VM last read or wrote it
 	read    bool   // seen holds a read (or a write) of the key
 	pending []ledgerDelta
@@ -147,7 +152,7 @@ func decodeLedger(v []byte, oldest int64) []ledgerEntry {
 	return out
 }
 
-func encodeLedger(entries []ledgerEntry) []byte {
+func encodeLedger(entries []ledgerEntry, keepClock func(uint64) bool) []byte {
 	size := 1
 	for _, e := range entries {
 		size += ledgerTargetHeader + len(e.slots)*ledgerSlotBytes
@@ -161,7 +166,7 @@ func encodeLedger(entries []ledgerEntry) []byte {
 				live++
 			}
 		}
-		if live == 0 && e.written == 0 {
+		if live == 0 && (e.written == 0 || keepClock != nil && !keepClock(e.target)) {
 			continue
 		}
 		out = binary.LittleEndian.AppendUint64(out, e.target)
@@ -353,7 +358,7 @@ func (l *LoadLedger) Flush(nowMS int64) error {
 			return err
 		}
 		entries := decodeLedger(old, oldest)
-		next := encodeLedger(applyDeltas(entries, l.pending, oldest))
+		next := encodeLedger(applyDeltas(entries, l.pending, oldest), l.keepClock)
 		if !l.hasChanges() && (old == nil || len(next) == len(old)) {
 			// Nothing to write and nothing expired (dropping a slot shortens the value).
 			l.seen, l.read, l.pending = old, true, l.pending[:0]

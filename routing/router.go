@@ -64,6 +64,7 @@ func NewRouter(cfg *Config, store Store, now func() int64) *Router {
 			conv:   NewConversationTable(store, ns, name, cfg.Conversation.MaxSessions, retries),
 		}
 		ps.setTargets(p.Endpoints)
+		ps.ledger.keepClock = func(id uint64) bool { return ps.targets.Index(id) >= 0 }
 		ps.known = func(t uint32) bool { return ps.byID32.get(uint64(t)) >= 0 }
 		bt := int64(max(1, cfg.Prefix.BlockTokens))
 		ps.clockOf = func(t uint32) uint32 {
