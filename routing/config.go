@@ -8,7 +8,8 @@ type Config struct {
 	MaxBodyBytes      int64                // largest body buffered and read; past it, decided at the headers
 	CharsPerToken     int                  // bytes of UTF-8 prompt text per estimated token
 	TrustClientDPRank bool                 // honour a DP rank the client sends in Headers.DPRank
-	Pools             Pools                // the inference servers
+	Pools             Pools                // the inference servers (the default fleet)
+	Models            []Model              // fleets of other models, each with its own pools
 	Conversation      ConversationConfig   // explicit conversation ids
 	Prefix            PrefixConfig         // prefix-aware routing
 	Balance           BalanceConfig        // load against cache hits
@@ -23,6 +24,23 @@ type Config struct {
 type Pools struct {
 	Decode  Pool // every worker, when there is no disaggregation
 	Prefill Pool // needed by every disaggregation mode but off
+}
+
+// Model is one fleet of a gateway that serves several models (docs/behaviour.md,
+// Several models): the model names it serves and its own pools. A request whose body
+// names one of Names is routed over Pools only, with state of its own; every other
+// section of the configuration is shared with the top level.
+//
+// A name ending in "*" matches every model that starts with the rest (the LoRA
+// adapters of one base model). Names[0] is exact: it names the fleet in the catalogue
+// (GET /v1/models), in headers.model, in the per-model metrics and, fingerprinted, in
+// the fleet's shared-data keys — so state survives a reconfiguration that adds or
+// removes other fleets. Disaggregation is the top-level block with the fleet's own
+// fields written over it.
+type Model struct {
+	Names          []string             // exact model names, or prefixes ending in "*"; Names[0] is exact
+	Pools          Pools                // this fleet's decode (and prefill) pools
+	Disaggregation DisaggregationConfig // the top-level block with the fleet's fields over it
 }
 
 // Pool is a list of inference server endpoints: static, discovered, or static until
@@ -163,13 +181,15 @@ type StateConfig struct {
 }
 
 // HeadersConfig names the request headers the filter owns. An empty Decision disables
-// the decision header; the others must be set.
+// the decision header, an empty Model (the default) the model header; the others must
+// be set.
 type HeadersConfig struct {
 	Destination        string // the chosen target's endpoint, host:port
 	DPRank             string // the chosen rank, when its endpoint has more than one
 	PrefillDestination string // sidecar mode: the prefill endpoint
 	PrefillDPRank      string // sidecar mode: the prefill rank, when its endpoint has more than one
 	Decision           string // the decision; "" turns it off
+	Model              string // receives the matched fleet's first name; "" turns it off
 }
 
 // DefaultBootstrapPort is SGLang's default disaggregation bootstrap port.

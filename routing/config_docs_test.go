@@ -109,6 +109,10 @@ func configFields(v reflect.Value) map[string]configField {
 			switch {
 			case f.Anonymous:
 				walk(prefix, f.Type, fv)
+			case strings.HasPrefix(path, "models[].") && f.Type.Kind() == reflect.Struct:
+				// A fleet's pools and disaggregation are the top-level blocks again:
+				// one row each, pointing to them.
+				out[path] = configField{typ: f.Type, value: fv}
 			case f.Type.Kind() == reflect.Struct:
 				walk(path+".", f.Type, fv)
 			case f.Type.Kind() == reflect.Pointer && f.Type.Elem().Kind() == reflect.Struct:
@@ -174,6 +178,8 @@ func docTypeOf(t reflect.Type) string {
 		return "number"
 	case reflect.String:
 		return "string"
+	case reflect.Struct:
+		return "object"
 	case reflect.Slice:
 		switch t.Elem().Kind() {
 		case reflect.String:

@@ -66,12 +66,24 @@ package routing
 //     state.namespace                      1 .. 64 characters of [A-Za-z0-9_.-]
 //     state.max_cas_retries                1 .. 1000
 //     state.lease_ms                       1000 .. 86,400,000
+//     models                               array of fleets, read after every other
+//                                          top-level field (a fleet's disaggregation
+//                                          starts from the top-level one)
+//     models[i].names                      required, at least one name; each non-empty,
+//                                          ≤ 256 bytes, no control characters, "*" only
+//                                          as the last character (a prefix); names[0]
+//                                          exact; no name twice across all fleets
+//     models[i].pools                      required; as pools (decode needs an endpoint
+//                                          or discovery)
+//     models[i].disaggregation             as disaggregation; its mode other than off
+//                                          needs the fleet's own prefill pool
 //     headers.*                            header names (RFC 9110 token), lower-cased;
-//                                          headers.decision may be "" (disables it), the
-//                                          others must be set
+//                                          headers.decision and headers.model may be ""
+//                                          (disables them), the others must be set
 //
 //   - the cross-field rules: pools.decode.endpoints holds at least one endpoint unless
-//     the pool has discovery; a disaggregation.mode other than off needs at least one
+//     the pool has discovery or models is non-empty; when the top-level decode pool
+//     serves, a disaggregation.mode other than off needs at least one
 //     prefill endpoint or prefill discovery (reported on pools.prefill.endpoints); engine_metrics.stale_ms >= engine_metrics.interval_ms
 //     (reported on stale_ms, also when only interval_ms was set); the filter's own header
 //     names (headers.*) are distinct from each other and from every conversation.headers
@@ -79,7 +91,7 @@ package routing
 //     content-type, transfer-encoding, connection, keep-alive, upgrade, te, trailer,
 //     proxy-connection, authorization, cookie, x-request-id) — reported on the later
 //     headers.* field in the order destination, dp_rank, prefill_destination,
-//     prefill_dp_rank, decision.
+//     prefill_dp_rank, decision, model.
 //
 // Field paths name array elements by index (pools.decode.endpoints[1].address); an
 // error about the whole document is reported on "configuration".
@@ -171,6 +183,7 @@ func parseConfig(data []byte) (Config, error) {
 	if !root.IsObject() {
 		return c, cfgErr("", "must be a JSON object, got %s", cfgTypeName(root))
 	}
+	var models gjson.Result // read after the rest: a fleet inherits disaggregation
 	err := cfgObject("", root, cfgFields{
 		"routes":               cfgRoutes(&c.Routes),
 		"max_body_bytes":       cfgInt64Field(&c.MaxBodyBytes, 1, cfgMaxBodyBytesMax),
@@ -180,6 +193,13 @@ func parseConfig(data []byte) (Config, error) {
 			"decode":  cfgPoolField(&c.Pools.Decode, false),
 			"prefill": cfgPoolField(&c.Pools.Prefill, true),
 		}),
+		"models": func(p string, v gjson.Result) error {
+			if !v.IsArray() {
+				return cfgErr(p, "must be an array, got %s", cfgTypeName(v))
+			}
+			models = v
+			return nil
+		},
 		"conversation": cfgObjectField(cfgFields{
 			"enabled":      cfgBoolField(&c.Conversation.Enabled),
 			"headers":      cfgHeaderList(&c.Conversation.Headers),
@@ -234,20 +254,28 @@ func parseConfig(data []byte) (Config, error) {
 			"prefill_destination": cfgHeaderField(&c.Headers.PrefillDestination, false),
 			"prefill_dp_rank":     cfgHeaderField(&c.Headers.PrefillDPRank, false),
 			"decision":            cfgHeaderField(&c.Headers.Decision, true),
+			"model":               cfgHeaderField(&c.Headers.Model, true),
 		}),
 	})
 	if err != nil {
 		return c, err
+	}
+	if models.Exists() {
+		if c.Models, err = cfgModels("models", models, c.Disaggregation); err != nil {
+			return c, err
+		}
 	}
 	return c, cfgCrossCheck(&c)
 }
 
 // cfgCrossCheck applies the rules that involve more than one field.
 func cfgCrossCheck(c *Config) error {
-	if len(c.Pools.Decode.Endpoints) == 0 && c.Pools.Decode.Discovery == nil {
-		return cfgErr("pools.decode.endpoints", "must hold at least one endpoint (or set pools.decode.discovery)")
+	topLevel := len(c.Pools.Decode.Endpoints) > 0 || c.Pools.Decode.Discovery != nil
+	if !topLevel && len(c.Models) == 0 {
+		return cfgErr("pools.decode.endpoints", "must hold at least one endpoint (or set pools.decode.discovery, or models)")
 	}
-	if c.Disaggregation.Mode != ModeOff && len(c.Pools.Prefill.Endpoints) == 0 && c.Pools.Prefill.Discovery == nil {
+	// Top-level pools left empty beside models serve nothing, so need no prefill pool.
+	if topLevel && c.Disaggregation.Mode != ModeOff && len(c.Pools.Prefill.Endpoints) == 0 && c.Pools.Prefill.Discovery == nil {
 		return cfgErr("pools.prefill.endpoints",
 			"disaggregation.mode %q needs at least one prefill endpoint (or pools.prefill.discovery)", c.Disaggregation.Mode)
 	}
@@ -261,10 +289,11 @@ func cfgCrossCheck(c *Config) error {
 		{"headers.prefill_destination", c.Headers.PrefillDestination},
 		{"headers.prefill_dp_rank", c.Headers.PrefillDPRank},
 		{"headers.decision", c.Headers.Decision},
+		{"headers.model", c.Headers.Model},
 	}
 	for i, h := range owned {
 		if h.name == "" {
-			continue // only headers.decision may be empty
+			continue // only headers.decision and headers.model may be empty
 		}
 		if cfgReservedHeaders[h.name] {
 			return cfgErr(h.field, "%s is a header the filter must not strip", cfgQuote(h.name))
@@ -742,6 +771,102 @@ func cfgStatusList(dst *[]int) cfgSetter {
 		}
 		return err
 	}
+}
+
+// ---- models ----
+
+// cfgModelNameMax bounds a model name: far above any real one, and short enough to
+// quote whole in an error.
+const cfgModelNameMax = 256
+
+// cfgModels reads the models list. A fleet's disaggregation starts from the top
+// level's (base) and takes the fleet's own fields over it.
+func cfgModels(path string, v gjson.Result, base DisaggregationConfig) ([]Model, error) {
+	var out []Model
+	namedBy := map[string]string{} // name → the field that named it first
+	err := cfgArray(path, v, func(i int, mp string, el gjson.Result) error {
+		m := Model{Disaggregation: base}
+		hasNames, hasPools := false, false
+		err := cfgObject(mp, el, cfgFields{
+			"names": func(p string, v gjson.Result) error {
+				hasNames = true
+				err := cfgArray(p, v, func(j int, np string, nv gjson.Result) error {
+					s, err := cfgString(np, nv)
+					if err != nil {
+						return err
+					}
+					if err := cfgModelName(np, s, j == 0); err != nil {
+						return err
+					}
+					if prev, dup := namedBy[s]; dup {
+						return cfgErr(np, "%s is already named by %s", cfgQuote(s), prev)
+					}
+					namedBy[s] = np
+					m.Names = append(m.Names, s)
+					return nil
+				})
+				if err == nil && len(m.Names) == 0 {
+					return cfgErr(p, "must hold at least one name")
+				}
+				return err
+			},
+			"pools": func(p string, v gjson.Result) error {
+				hasPools = true
+				return cfgObject(p, v, cfgFields{
+					"decode":  cfgPoolField(&m.Pools.Decode, false),
+					"prefill": cfgPoolField(&m.Pools.Prefill, true),
+				})
+			},
+			"disaggregation": cfgObjectField(cfgFields{
+				"mode": cfgEnumField(&m.Disaggregation.Mode,
+					ModeOff, ModeSidecar, ModeVLLM, ModeTRTLLM, ModeSGLang),
+				"threshold_tokens":   cfgIntField(&m.Disaggregation.ThresholdTokens, 0, cfgThresholdTokensMax),
+				"uncached_only":      cfgBoolField(&m.Disaggregation.UncachedOnly),
+				"prefill_cluster":    cfgClusterField(&m.Disaggregation.PrefillCluster),
+				"prefill_timeout_ms": cfgInt64Field(&m.Disaggregation.PrefillTimeoutMS, 1, cfgPrefillTimeoutMSMax),
+			}),
+		})
+		switch {
+		case err != nil:
+			return err
+		case !hasNames:
+			return cfgErr(mp+".names", "required field missing")
+		case !hasPools:
+			return cfgErr(mp+".pools", "required field missing")
+		case len(m.Pools.Decode.Endpoints) == 0 && m.Pools.Decode.Discovery == nil:
+			return cfgErr(mp+".pools.decode.endpoints", "must hold at least one endpoint (or set %s.pools.decode.discovery)", mp)
+		case m.Disaggregation.Mode != ModeOff && len(m.Pools.Prefill.Endpoints) == 0 && m.Pools.Prefill.Discovery == nil:
+			return cfgErr(mp+".pools.prefill.endpoints",
+				"disaggregation.mode %q needs at least one prefill endpoint (or %s.pools.prefill.discovery; or set %s.disaggregation.mode \"off\")",
+				m.Disaggregation.Mode, mp, mp)
+		}
+		out = append(out, m)
+		return nil
+	})
+	return out, err
+}
+
+// cfgModelName checks one of a fleet's names: printable, at most cfgModelNameMax
+// bytes, "*" only at the end (a prefix), and the first name exact.
+func cfgModelName(p, s string, first bool) error {
+	if s == "" {
+		return cfgErr(p, "must not be empty")
+	}
+	if len(s) > cfgModelNameMax {
+		return cfgErr(p, "must be at most %d bytes, got %d", cfgModelNameMax, len(s))
+	}
+	for i := 0; i < len(s); i++ {
+		if b := s[i]; b < ' ' || b == 0x7f {
+			return cfgErr(p, "must not contain control characters, got %s", cfgQuote(s))
+		}
+	}
+	if i := strings.IndexByte(s, '*'); i >= 0 && i != len(s)-1 {
+		return cfgErr(p, "\"*\" may only end a name (a prefix), got %s", cfgQuote(s))
+	}
+	if first && strings.HasSuffix(s, "*") {
+		return cfgErr(p, "the first name names the fleet (catalogue, headers.model, metrics) and must be exact, got %s", cfgQuote(s))
+	}
+	return nil
 }
 
 // ---- pools ----
