@@ -110,3 +110,14 @@ func (r *Router) DiscoveryChanges() uint64 {
 	}
 	return n
 }
+
+// HasEndpoints reports whether the decode pool has an endpoint now, static or as last
+// discovered (a newer discovered set is applied first).
+func (r *Router) HasEndpoints() bool {
+	r.applyDiscovered()
+	return len(r.decode.targets.Targets) > 0
+}
+
+// InUse reports whether the Router may route at all, now or once discovery answers: a
+// default fleet left empty beside models never does, and needs no tick work.
+func (r *Router) InUse() bool { return r.decode.inUse() }

@@ -30,7 +30,9 @@ func newPrefixTable(capacity int) *prefixTable {
 	if sets < 1 {
 		sets = 1
 	}
-	return &prefixTable{sets: uint64(sets), entries: make([]prefixEntry, sets*prefixWays)}
+	// The entries are made at the first record: a pool that never routes (an unused
+	// prefill pool, an idle fleet of many) costs the VM no memory.
+	return &prefixTable{sets: uint64(sets)}
 }
 
 // set maps the hash's top 32 bits onto the sets by a multiply and a shift (Lemire's
@@ -44,6 +46,9 @@ func (t *prefixTable) set(hash uint64) []prefixEntry {
 // find returns the entry of hash, or nil. The hash is compared first: most ways
 // hold other hashes, and the stamp is then never read.
 func (t *prefixTable) find(hash uint64) *prefixEntry {
+	if t.entries == nil {
+		return nil
+	}
 	set := t.set(hash)
 	for i := range set {
 		if set[i].hash == hash && set[i].stamp != 0 {
@@ -58,6 +63,9 @@ func (t *prefixTable) find(hash uint64) *prefixEntry {
 // first target, or a clock that crossed a multiple of refresh); a repeat otherwise
 // only refreshes the entry's recency and clock.
 func (t *prefixTable) record(hash uint64, target, clock, refresh uint32) (changed bool) {
+	if t.entries == nil {
+		t.entries = make([]prefixEntry, t.sets*prefixWays)
+	}
 	t.clock++
 	if t.clock == 0 { // wrapped: stamps restart, ordering is approximate for a moment
 		t.clock = 1
