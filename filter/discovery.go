@@ -19,8 +19,9 @@ import (
 
 // discoveryPoll is one discovered pool's poller in this VM.
 type discoveryPoll struct {
+	router   *routing.Router // of the pool's fleet
 	prefill  bool
-	pool     string
+	pool     string // for the log: the pool, after its fleet's model when it has one
 	cfg      routing.DiscoveryConfig
 	path     string
 	lease    *routing.ScrapeLease
@@ -35,23 +36,32 @@ type discoveryPoll struct {
 func discoveryTimeoutMS(intervalMS int64) int64 { return min(max(intervalMS, 1000), 10000) }
 
 func (p *pluginContext) initDiscovery() {
-	for _, pool := range []struct {
-		prefill bool
-		name    string
-		d       *routing.DiscoveryConfig
-	}{{false, "decode", p.cfg.Pools.Decode.Discovery}, {true, "prefill", p.cfg.Pools.Prefill.Discovery}} {
-		if pool.d == nil {
-			continue
+	for _, f := range p.fleets.All() {
+		cfg := f.Config
+		for _, pool := range []struct {
+			prefill bool
+			name    string
+			d       *routing.DiscoveryConfig
+		}{{false, "decode", cfg.Pools.Decode.Discovery}, {true, "prefill", cfg.Pools.Prefill.Discovery}} {
+			if pool.d == nil {
+				continue
+			}
+			path := pool.d.Path
+			if pool.d.Source == routing.DiscoveryEnvoyAdmin {
+				path = routing.EnvoyAdminPath(pool.d.ServiceCluster)
+			}
+			label := pool.name
+			if f.Index >= 0 {
+				label = "model " + strconv.Quote(f.Name) + " " + pool.name
+			}
+			// The lease lives in the fleet's namespace: each fleet's pool is polled
+			// by one VM at a time.
+			p.discovery = append(p.discovery, &discoveryPoll{
+				router: f.Router, prefill: pool.prefill, pool: label, cfg: *pool.d, path: path,
+				lease: routing.NewDiscoveryLease(shareddata.Store{}, cfg.State.Namespace, pool.name, cfg.State.MaxCASRetries),
+				last:  -pool.d.IntervalMS,
+			})
 		}
-		path := pool.d.Path
-		if pool.d.Source == routing.DiscoveryEnvoyAdmin {
-			path = routing.EnvoyAdminPath(pool.d.ServiceCluster)
-		}
-		p.discovery = append(p.discovery, &discoveryPoll{
-			prefill: pool.prefill, pool: pool.name, cfg: *pool.d, path: path,
-			lease: routing.NewDiscoveryLease(shareddata.Store{}, p.cfg.State.Namespace, pool.name, p.cfg.State.MaxCASRetries),
-			last:  -pool.d.IntervalMS,
-		})
 	}
 }
 
@@ -61,7 +71,9 @@ func (p *pluginContext) discoveryTick(now int64) {
 	if len(p.discovery) == 0 {
 		return
 	}
-	p.router.RefreshDiscovered()
+	for _, d := range p.discovery {
+		d.router.RefreshDiscovered() // a fleet with two discovered pools refreshes twice: cheap
+	}
 	p.followTargets()
 	for _, d := range p.discovery {
 		p.poll(d, now)
@@ -151,7 +163,7 @@ func (p *pluginContext) onDiscovery(d *discoveryPoll, bodySize int) {
 		proxywasm.LogInfof("kvroute: %s discovery answers again: %d endpoints", d.pool, len(eps))
 		d.failing = false
 	}
-	if err := p.router.PublishDiscovered(d.prefill, eps); err != nil {
+	if err := d.router.PublishDiscovered(d.prefill, eps); err != nil {
 		p.metrics.stateConflicts.Increment(1)
 	}
 	p.followTargets()
@@ -173,12 +185,15 @@ func (p *pluginContext) discoveryFailed(d *discoveryPoll, format string, args ..
 // followTargets defines the gauges of decode targets that joined and zeroes those of
 // targets that left, when the router's targets changed since it last looked.
 func (p *pluginContext) followTargets() {
-	n := p.router.DiscoveryChanges()
+	var n uint64
+	for _, f := range p.fleets.All() {
+		n += f.Router.DiscoveryChanges()
+	}
 	if n == p.targetChanges {
 		return
 	}
 	p.targetChanges = n
-	p.metrics.followTargets(p.router.DecodeTargets())
+	p.metrics.followTargets(p.decodeTargets())
 }
 
 // maxTargetGauges bounds the per-target gauges one plugin defines: Envoy keeps a

@@ -32,27 +32,30 @@ func (p *pluginContext) scrapeEngines(now int64) {
 	if !held {
 		return
 	}
-	for _, prefill := range []bool{false, true} {
-		// The endpoints routed to now: static, or as last discovered.
-		for _, e := range p.router.Endpoints(prefill) {
-			prefill, endpoint := prefill, e
-			headers := [][2]string{
-				{":method", "GET"},
-				{":path", cfg.Path},
-				{":authority", endpoint.Address},
-				{p.cfg.Headers.Destination, endpoint.Address},
-			}
-			_, err := proxywasm.DispatchHttpCall(cfg.Cluster, headers, nil, nil, uint32(cfg.IntervalMS),
-				func(_, bodySize, _ int) { p.onScrape(prefill, endpoint, bodySize) })
-			if err != nil {
-				p.metrics.scrapeFailures.Increment(1)
-				proxywasm.LogDebugf("kvroute: scrape of %s via cluster %q not sent: %v", endpoint.Address, cfg.Cluster, err)
+	for _, f := range p.fleets.All() {
+		router := f.Router
+		for _, prefill := range []bool{false, true} {
+			// The endpoints routed to now: static, or as last discovered.
+			for _, e := range router.Endpoints(prefill) {
+				prefill, endpoint := prefill, e
+				headers := [][2]string{
+					{":method", "GET"},
+					{":path", cfg.Path},
+					{":authority", endpoint.Address},
+					{p.cfg.Headers.Destination, endpoint.Address},
+				}
+				_, err := proxywasm.DispatchHttpCall(cfg.Cluster, headers, nil, nil, uint32(cfg.IntervalMS),
+					func(_, bodySize, _ int) { p.onScrape(router, prefill, endpoint, bodySize) })
+				if err != nil {
+					p.metrics.scrapeFailures.Increment(1)
+					proxywasm.LogDebugf("kvroute: scrape of %s via cluster %q not sent: %v", endpoint.Address, cfg.Cluster, err)
+				}
 			}
 		}
 	}
 }
 
-func (p *pluginContext) onScrape(prefill bool, e routing.Endpoint, bodySize int) {
+func (p *pluginContext) onScrape(router *routing.Router, prefill bool, e routing.Endpoint, bodySize int) {
 	defer p.recoverFailOpen("engine scrape")
 	headers, _ := proxywasm.GetHttpCallResponseHeaders()
 	status := 0
@@ -78,7 +81,7 @@ func (p *pluginContext) onScrape(prefill bool, e routing.Endpoint, bodySize int)
 		proxywasm.LogDebugf("kvroute: scrape of %s unusable: %v", e.Address, err)
 		return
 	}
-	if err := p.router.PublishEngineFigures(prefill, e.Address, figures); err != nil {
+	if err := router.PublishEngineFigures(prefill, e.Address, figures); err != nil {
 		p.metrics.stateConflicts.Increment(1)
 	}
 }

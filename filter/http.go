@@ -17,7 +17,8 @@ type httpContext struct {
 	plugin *pluginContext
 
 	api        routing.API
-	routed     bool // a POST on a configured route: it will be (or was) decided
+	fleet      *routing.Fleet // the fleet that serves the request's model
+	routed     bool           // a POST on a configured route: it will be (or was) decided
 	decided    bool
 	clientRank int
 	requestID  string
@@ -83,6 +84,9 @@ func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (ac
 		path = path[:i]
 	}
 	api, ok := p.routes[path]
+	if ok && method == "GET" && path == catalogueRoute && c.answerCatalogue() {
+		return types.ActionPause
+	}
 	if method != "POST" || !ok {
 		return types.ActionContinue
 	}
@@ -157,11 +161,15 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 	default:
 		c.req.Identity = c.req.Conversation
 	}
-	c.decision = p.router.Decide(&c.req, c.clientRank)
+	if !c.pickFleet() {
+		return true // answered 404: nothing goes upstream
+	}
+	c.decision = c.fleet.Router.Decide(&c.req, c.clientRank)
 	d := &c.decision
 	m := p.metrics
 	m.requestsRouted.add()
 	m.decisions[d.Kind].add()
+	c.countModelDecision(d.Kind)
 	if body != nil && !c.unparsable {
 		m.promptTokens.addN(c.req.Tokens)
 		m.matchedTokens.addN(d.MatchedTokens)
@@ -197,7 +205,7 @@ func (c *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) (a
 	// Envoy's flags are worth a host call only on a 5xx: an upstream failure it
 	// answers locally (a reset, a refused connection) shows as one.
 	c.reportHealth(c.isFailureStatus(code) || code >= 500 && upstreamFailed())
-	if pd := c.plugin.pd; pd != nil {
+	if pd := c.pdMode(); pd != nil {
 		pd.decodeAnswered(c)
 	}
 	return types.ActionContinue
@@ -214,7 +222,7 @@ func (c *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) (action
 	}
 	defer c.recoverFailOpen("response body", &action)
 	c.firstChunk = true
-	if err := c.plugin.router.FirstChunk(&c.decision.Ticket); err != nil {
+	if err := c.fleet.Router.FirstChunk(&c.decision.Ticket); err != nil {
 		c.plugin.metrics.stateConflicts.Increment(1)
 	}
 	return types.ActionContinue
@@ -235,7 +243,7 @@ func (c *httpContext) reportHealth(failed bool) {
 		return // a local reply while the prefill runs is not the decoder's doing
 	}
 	c.healthReported = true
-	ejected, err := c.plugin.router.ReportHealth(c.decision.Target, false, failed)
+	ejected, err := c.fleet.Router.ReportHealth(c.decision.Target, false, failed)
 	if err != nil {
 		c.plugin.metrics.stateConflicts.Increment(1)
 	}
@@ -269,7 +277,7 @@ func (c *httpContext) release() {
 	}
 	// The release joins the VM's batch; a batch that could not be written (CAS
 	// retries spent, a host error) is kept and written at the next flush.
-	if err := c.plugin.router.Release(c.decision.Ticket); err != nil {
+	if err := c.fleet.Router.Release(c.decision.Ticket); err != nil {
 		c.plugin.metrics.stateConflicts.Increment(1)
 	}
 }

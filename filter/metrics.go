@@ -34,6 +34,9 @@ type metrics struct {
 
 	activeRequests *ledgerGauge
 	targetActive   map[uint64]*ledgerGauge // decode target id → gauge
+
+	models        []modelMetrics // per fleet of models, in order
+	modelNotFound proxywasm.MetricCounter
 }
 
 func defineMetrics(targets []routing.Target) *metrics {
@@ -50,6 +53,7 @@ func defineMetrics(targets []routing.Target) *metrics {
 		failOpen:          proxywasm.DefineCounterMetric("kvroute_fail_open"),
 		scrapeFailures:    proxywasm.DefineCounterMetric("kvroute_engine_scrape_failures"),
 		discoveryFailures: proxywasm.DefineCounterMetric("kvroute_discovery_failures"),
+		modelNotFound:     proxywasm.DefineCounterMetric("kvroute_model_not_found"),
 		decisionTime:      proxywasm.DefineHistogramMetric("kvroute_decision_time_us"),
 		activeRequests:    &ledgerGauge{g: proxywasm.DefineGaugeMetric("kvroute_active_requests")},
 		targetActive:      map[uint64]*ledgerGauge{},
@@ -129,4 +133,5 @@ func (m *metrics) flushCounters() {
 	m.pdDirect.flush()
 	m.promptTokens.flush()
 	m.matchedTokens.flush()
+	m.flushModelCounters()
 }

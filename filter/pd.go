@@ -36,6 +36,15 @@ var pdModes = map[string]pdMode{
 	routing.ModeSGLang:  sglangMode{},
 }
 
+// pdMode returns the disaggregation mode of the request's fleet; nil when it is off
+// or no fleet was chosen (the request was not routed).
+func (c *httpContext) pdMode() pdMode {
+	if c.fleet == nil {
+		return nil
+	}
+	return pdModes[c.fleet.Config.Disaggregation.Mode]
+}
+
 // inlineMode is what the modes whose filter makes the prefill call share.
 type inlineMode struct{}
 
@@ -44,7 +53,7 @@ func (inlineMode) decodeAnswered(*httpContext) {}
 
 func (c *httpContext) startPD(body []byte) (wait bool) {
 	d := &c.decision
-	mode := c.plugin.pd
+	mode := c.pdMode()
 	m := c.plugin.metrics
 	if mode != nil && body != nil && !c.unparsable {
 		// In a P/D fleet only kvroute sets the engines' P/D members: a client's go.
@@ -90,7 +99,7 @@ func (c *httpContext) sendPrefill(body []byte, err error) bool {
 // Its answer goes to the mode's prefillAnswered. It returns false, having fallen back
 // to direct decode, when the host refuses.
 func (c *httpContext) dispatchPrefill(body []byte) bool {
-	cfg := &c.plugin.cfg
+	cfg := c.fleet.Config
 	d := &c.decision
 	path, _ := proxywasm.GetHttpRequestHeader(":path")
 	headers := [][2]string{
@@ -140,7 +149,7 @@ func (c *httpContext) prefillResponse(bodySize int) (status int, body []byte) {
 		body, _ = proxywasm.GetHttpCallResponseBody(0, bodySize)
 	}
 	failed := status == 0 || status >= 500
-	if ejected, err := c.plugin.router.ReportHealth(c.decision.Prefill, true, failed); err == nil && ejected {
+	if ejected, err := c.fleet.Router.ReportHealth(c.decision.Prefill, true, failed); err == nil && ejected {
 		c.plugin.metrics.ejections.Increment(1)
 	}
 	return status, body
@@ -150,7 +159,7 @@ func (c *httpContext) prefillResponse(bodySize int) (status int, body []byte) {
 func (c *httpContext) onPrefillAnswer(_, bodySize, _ int) {
 	defer c.resumeOnPanic()
 	status, body := c.prefillResponse(bodySize)
-	c.plugin.pd.prefillAnswered(c, status, body)
+	c.pdMode().prefillAnswered(c, status, body)
 }
 
 // prefillSucceeded handles what every inline answer that the decode leg builds on
@@ -201,7 +210,7 @@ func (c *httpContext) releasePrefill() {
 		return
 	}
 	c.prefillReleased = true
-	if err := c.plugin.router.ReleasePrefill(c.decision.PrefillTicket); err != nil {
+	if err := c.fleet.Router.ReleasePrefill(c.decision.PrefillTicket); err != nil {
 		c.plugin.metrics.stateConflicts.Increment(1)
 	}
 }

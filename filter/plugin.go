@@ -13,12 +13,12 @@ import (
 type pluginContext struct {
 	types.DefaultPluginContext
 	cfg     routing.Config
-	router  *routing.Router
+	fleets  *routing.Fleets
+	router  *routing.Router // the default fleet's: the top-level pools
 	metrics *metrics
 	routes  map[string]routing.API
 	owned   []string // owned header names, stripped from every request
 	roles   *headerRoles
-	pd      pdMode // the disaggregation mode; nil when off
 
 	extractOpt  routing.ExtractOptions
 	promptBuf   []byte // the canonical prompt of the request being decided
@@ -26,7 +26,10 @@ type pluginContext struct {
 	scrapeLease *routing.ScrapeLease
 
 	discovery     []*discoveryPoll
-	targetChanges uint64 // router.DiscoveryChanges() when the gauges last followed
+	targetChanges uint64 // the fleets' DiscoveryChanges() when the gauges last followed
+
+	catalogue  []byte                  // the answer to GET /v1/models
+	gaugeLoads map[uint64]routing.Load // per target over every fleet, reused by the tick
 }
 
 // nowMS is the clock of the filter; Envoy serves it through WASI's clock.
@@ -48,14 +51,16 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 		return types.OnPluginStartStatusFailed
 	}
 	p.cfg = cfg
-	p.pd = pdModes[cfg.Disaggregation.Mode]
 	p.extractOpt = routing.ExtractOptions{CharsPerToken: cfg.CharsPerToken, BlockTokens: cfg.Prefix.BlockTokens}
 	if cfg.Conversation.Enabled {
 		p.extractOpt.BodyFields = cfg.Conversation.BodyFields
 	}
 	p.extractOpt = p.extractOpt.Prepared()
-	p.router = routing.NewRouter(&p.cfg, shareddata.Store{}, func() int64 { return nowMS() })
-	p.metrics = defineMetrics(p.router.DecodeTargets())
+	p.fleets = routing.NewFleets(&p.cfg, shareddata.Store{}, func() int64 { return nowMS() })
+	p.router = p.fleets.Default.Router
+	p.catalogue = p.fleets.CatalogueBody()
+	p.metrics = defineMetrics(p.decodeTargets())
+	p.metrics.models = defineModelMetrics(p.fleets.Models)
 	p.scrapeLease = routing.NewScrapeLease(shareddata.Store{}, cfg.State.Namespace, cfg.State.MaxCASRetries)
 	p.initDiscovery()
 	p.routes = map[string]routing.API{}
@@ -63,7 +68,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 		p.routes[r] = routing.APIForPath(r)
 	}
 	h := cfg.Headers
-	for _, name := range []string{h.Destination, h.DPRank, h.PrefillDestination, h.PrefillDPRank, h.Decision} {
+	for _, name := range []string{h.Destination, h.DPRank, h.PrefillDestination, h.PrefillDPRank, h.Decision, h.Model} {
 		if name != "" {
 			p.owned = append(p.owned, name)
 		}
@@ -74,11 +79,15 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	}
 	proxywasm.LogInfof("kvroute: started with %d decode and %d prefill targets",
 		len(p.router.DecodeTargets()), len(p.router.PrefillTargets()))
+	for _, f := range p.fleets.Models {
+		proxywasm.LogInfof("kvroute: model %q: %d decode and %d prefill targets",
+			f.Name, len(f.Router.DecodeTargets()), len(f.Router.PrefillTargets()))
+	}
 	return types.OnPluginStartStatusOK
 }
 
 func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
-	return &httpContext{plugin: p, clientRank: routing.NoRank}
+	return &httpContext{plugin: p, clientRank: routing.NoRank, fleet: p.fleets.Default}
 }
 
 // OnTick hands the VM's request counts to Envoy, shares prefix records between the
@@ -89,25 +98,16 @@ func (p *pluginContext) OnTick() {
 	defer p.recoverFailOpen("tick")
 	p.metrics.flushCounters()
 	if p.cfg.Prefix.Enabled {
-		if err := p.router.SyncPrefixes(); err != nil {
+		if err := p.eachRouter((*routing.Router).SyncPrefixes); err != nil {
 			p.metrics.stateConflicts.Increment(1)
 		}
 	}
 	p.discoveryTick(nowMS())
 	p.scrapeEngines(nowMS())
-	if err := p.router.FlushLoad(); err != nil {
+	if err := p.eachRouter((*routing.Router).FlushLoad); err != nil {
 		p.metrics.stateConflicts.Increment(1)
 	}
-	loads, err := p.router.Loads()
-	if err != nil {
-		return
-	}
-	var total int64
-	for i, t := range p.router.DecodeTargets() {
-		p.metrics.setTargetLoad(t.ID, loads[i])
-		total += loads[i].Requests
-	}
-	p.metrics.activeRequests.set(total)
+	p.setLoadGauges()
 }
 
 // OnPluginDone hands over what still waits for a tick — the counts, and the load
@@ -118,8 +118,8 @@ func (p *pluginContext) OnPluginDone() bool {
 	if p.metrics != nil {
 		p.metrics.flushCounters()
 	}
-	if p.router != nil {
-		if err := p.router.FlushLoad(); err != nil && p.metrics != nil {
+	if p.fleets != nil {
+		if err := p.eachRouter((*routing.Router).FlushLoad); err != nil && p.metrics != nil {
 			p.metrics.stateConflicts.Increment(1)
 		}
 	}

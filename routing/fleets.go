@@ -97,3 +97,32 @@ func (f *Fleets) Pick(model string) *Fleet {
 
 // All returns every fleet, the default first.
 func (f *Fleets) All() []*Fleet { return f.all }
+
+// CatalogueBody is the answer to GET /v1/models: OpenAI's model list, one entry per
+// fleet, named by its first name.
+func (f *Fleets) CatalogueBody() []byte {
+	b := []byte(`{"object":"list","data":[`)
+	for i, m := range f.Models {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"id":`...)
+		b = appendJSONString(b, m.Name)
+		b = append(b, `,"object":"model","created":0,"owned_by":"kvroute"}`...)
+	}
+	return append(b, "]}"...)
+}
+
+// modelInErrorMax bounds how much of a client's model name an error body repeats.
+const modelInErrorMax = 256
+
+// ModelNotFoundBody is the 404 body for a model no fleet serves, in OpenAI's error
+// format.
+func ModelNotFoundBody(model string) []byte {
+	if len(model) > modelInErrorMax {
+		model = model[:modelInErrorMax] + "..." // a split rune becomes U+FFFD
+	}
+	b := []byte(`{"error":{"message":`)
+	b = appendJSONString(b, "The model `"+model+"` does not exist.")
+	return append(b, `,"type":"invalid_request_error","param":"model","code":"model_not_found"}}`...)
+}

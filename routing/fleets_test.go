@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -109,4 +110,19 @@ func TestFleetsWithoutModelsAreTheRouterAsBefore(t *testing.T) {
 	assert.Empty(t, f.Models)
 	assert.Same(t, f.Default, f.Pick("whatever"))
 	assert.Equal(t, "kvroute", f.Default.Config.State.Namespace)
+}
+
+func TestFleetsBodies(t *testing.T) {
+	clock := &fakeClock{ms: 1e6}
+	f := NewFleets(fleetsConfig(t, fleetsJSON), newMemoryStore(), clock.now)
+	assert.JSONEq(t, `{"object":"list","data":[
+		{"id":"qwen3-32b","object":"model","created":0,"owned_by":"kvroute"},
+		{"id":"llama","object":"model","created":0,"owned_by":"kvroute"},
+		{"id":"any","object":"model","created":0,"owned_by":"kvroute"}]}`, string(f.CatalogueBody()))
+	assert.JSONEq(t, `{"object":"list","data":[]}`, string(NewFleets(testConfig(t, ""), newMemoryStore(), clock.now).CatalogueBody()))
+	assert.JSONEq(t, `{"error":{"message":"The model `+"`a\\\"b\\n`"+` does not exist.","type":"invalid_request_error",
+		"param":"model","code":"model_not_found"}}`, string(ModelNotFoundBody("a\"b\n")))
+	long := string(ModelNotFoundBody(strings.Repeat("é", 1000)))
+	assert.Less(t, len(long), 600)
+	assert.True(t, json.Valid([]byte(long)))
 }
