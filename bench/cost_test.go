@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
@@ -155,4 +156,47 @@ func BenchmarkFleetSize(b *testing.B) {
 		b.ReportMetric(c, "ns/req@64")
 		b.ReportMetric(c/a, "ratio")
 	})
+}
+
+// BenchmarkModels compares a request's cost with no models (the top-level pools), one
+// fleet of models and 20 fleets (bar: the cost does not grow with the fleets), each of
+// 4 targets, interleaved like CostRatio and with the tick's share. The 20-fleet
+// request names the last fleet, behind 19 exact names and 19 prefixes.
+func BenchmarkModels(b *testing.B) {
+	bodies := chatBodies(4<<10, 32, 3)
+	configs := map[string]string{"none": fleetConfig(2, 2), "1": modelsConfig(1), "20": modelsConfig(20)}
+	b.Run("none-vs-1-vs-20", func(b *testing.B) {
+		vm := freshVM(b, "kvroute")
+		defer vm.Close()
+		batch := max(1, b.N/costRounds)
+		ns := map[string][]float64{}
+		for r := 0; r < costRounds; r++ {
+			for _, n := range []string{"none", "1", "20"} {
+				kv := startOn(b, vm, configs[n])
+				ns[n] = append(ns[n], kv.warmThenTime(bodies, len(bodies), 0, batch, true))
+				kv.close()
+			}
+		}
+		none, one, twenty := median(ns["none"]), median(ns["1"]), median(ns["20"])
+		b.ReportMetric(none, "ns/req@none")
+		b.ReportMetric(one, "ns/req@1")
+		b.ReportMetric(twenty, "ns/req@20")
+		b.ReportMetric(twenty/one, "ratio20/1")
+		b.ReportMetric(twenty/none, "ratio20/none")
+	})
+}
+
+// modelsConfig is n fleets of 2 endpoints × 2 ranks; the last serves "llama" (the
+// benchmark bodies' model), the others model-<i> and its prefix.
+func modelsConfig(n int) string {
+	var fleets []string
+	for f := 0; f < n; f++ {
+		names := fmt.Sprintf(`"model-%02d","model-%02d-*"`, f, f)
+		if f == n-1 {
+			names = `"llama","llama-*"`
+		}
+		fleets = append(fleets, fmt.Sprintf(`{"names":[%s],"pools":{"decode":{"endpoints":[
+			{"address":"10.1.%d.1:8000","dp_size":2},{"address":"10.1.%d.2:8000","dp_size":2}]}}}`, names, f, f))
+	}
+	return `{"models":[` + strings.Join(fleets, ",") + `]}`
 }
