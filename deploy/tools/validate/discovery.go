@@ -14,7 +14,8 @@ import (
 // /stats/prometheus to it, so no client reaches anything else of the admin through it.
 const istioAdminCluster = "prometheus_stats"
 
-// discoveredPools lists the pools of cfg that have discovery, with their config path.
+// discoveredPools lists the pools of cfg (the top level's and every fleet's of models)
+// that have discovery, with their config path.
 func discoveredPools(cfg routing.Config) []struct {
 	field string
 	d     *routing.DiscoveryConfig
@@ -23,12 +24,14 @@ func discoveredPools(cfg routing.Config) []struct {
 		field string
 		d     *routing.DiscoveryConfig
 	}
-	for _, p := range []struct {
-		field string
-		d     *routing.DiscoveryConfig
-	}{{"pools.decode.discovery", cfg.Pools.Decode.Discovery}, {"pools.prefill.discovery", cfg.Pools.Prefill.Discovery}} {
-		if p.d != nil {
-			out = append(out, p)
+	for _, fv := range fleetViews(cfg) {
+		for _, p := range []struct {
+			field string
+			d     *routing.DiscoveryConfig
+		}{{fv.field + "pools.decode.discovery", fv.cfg.Pools.Decode.Discovery}, {fv.field + "pools.prefill.discovery", fv.cfg.Pools.Prefill.Discovery}} {
+			if p.d != nil {
+				out = append(out, p)
+			}
 		}
 	}
 	return out

@@ -149,6 +149,7 @@ func (c *bootstrapCheck) checkHCM(l *listenerv3.Listener, hcm *hcmv3.HttpConnect
 	// Routes: every cluster exists; at least one honours the destination; none of the
 	// ORIGINAL_DST ones can be reached without a destination header.
 	honoured := false
+	overrideHosts := map[netip.AddrPort]bool{} // hosts of the routed override_host clusters
 	for _, vh := range hcm.GetRouteConfig().GetVirtualHosts() {
 		for i, r := range vh.GetRoutes() {
 			rw := fmt.Sprintf("%s: virtual host %q route %d", where, vh.GetName(), i)
@@ -183,54 +184,71 @@ func (c *bootstrapCheck) checkHCM(l *listenerv3.Listener, hcm *hcmv3.HttpConnect
 				}
 			case kind == kindOverrideHost:
 				honoured = true
-				c.requireMembers(name, cl, "pools.decode", cfg.Pools.Decode)
+				if len(cfg.Models) == 0 {
+					c.requireMembers(name, cl, "pools.decode", cfg.Pools.Decode)
+				}
+				for ap := range clusterMembers(cl) {
+					overrideHosts[ap] = true
+				}
 			}
 		}
 	}
 	if !honoured {
 		c.fail("%s: no route goes to a cluster that honours %s (override_host or ORIGINAL_DST with use_http_header)", where, cfg.Headers.Destination)
 	}
+	if len(cfg.Models) > 0 && len(overrideHosts) > 0 {
+		// Each model's routes go to its own cluster: every decode endpoint must be a
+		// host of one of them.
+		for _, fv := range fleetViews(cfg) {
+			for i, e := range fv.cfg.Pools.Decode.Endpoints {
+				if ap, err := netip.ParseAddrPort(e.Address); err == nil && !overrideHosts[ap] {
+					c.fail("%s: %spools.decode.endpoints[%d] %s is a host of no routed override_host cluster, so override_host would never choose it",
+						where, fv.field, i, e.Address)
+				}
+			}
+		}
+	}
 
-	// Clusters the filter calls itself.
+	for _, fv := range fleetViews(cfg) {
+		c.checkFleetClusters(fv)
+	}
+	c.checkDiscovery(cfg)
+	if err := CheckStatsTags(c.b.GetStatsConfig().GetStatsTags(), cfg); err != nil {
+		c.fail("stats_tags: %v", err)
+	}
+}
+
+// checkFleetClusters checks what one fleet (the top-level pools, or one of models)
+// needs of the clusters the filter calls itself, and its endpoint addresses.
+func (c *bootstrapCheck) checkFleetClusters(fv fleetView) {
+	cfg := fv.cfg
 	switch cfg.Disaggregation.Mode {
 	case routing.ModeVLLM, routing.ModeTRTLLM, routing.ModeSGLang:
-		name := cfg.Disaggregation.PrefillCluster
-		if cl, ok := c.clusters[name]; !ok {
-			c.fail("disaggregation.prefill_cluster %q does not exist", name)
-		} else {
-			kind, err := destinationKind(cl, []string{cfg.Headers.Destination, cfg.Headers.PrefillDestination})
-			switch {
-			case err != nil:
-				c.fail("cluster %q: %v", name, err)
-			case kind == kindPlain:
-				c.fail("disaggregation.prefill_cluster %q must honour the destination header (override_host or ORIGINAL_DST)", name)
-			case kind == kindOverrideHost:
-				c.requireMembers(name, cl, "pools.prefill", cfg.Pools.Prefill)
-			}
-			if lim := bufferLimit(cl.GetPerConnectionBufferLimitBytes()); lim <= cfg.MaxBodyBytes {
-				c.fail("cluster %q: per_connection_buffer_limit_bytes %d must exceed max_body_bytes %d", name, lim, cfg.MaxBodyBytes)
-			}
+		if fv.field != "" || len(cfg.Pools.Decode.Endpoints) > 0 || cfg.Pools.Decode.Discovery != nil {
+			c.checkPrefillCluster(fv)
 		}
 	}
 	if cfg.EngineMetrics.Enabled {
 		name := cfg.EngineMetrics.Cluster
 		if cl, ok := c.clusters[name]; !ok {
-			c.fail("engine_metrics.cluster %q does not exist", name)
+			if fv.field == "" {
+				c.fail("engine_metrics.cluster %q does not exist", name)
+			}
 		} else {
 			kind, err := destinationKind(cl, []string{cfg.Headers.Destination})
 			switch {
 			case err != nil:
 				c.fail("cluster %q: %v", name, err)
 			case kind == kindPlain:
-				c.fail("engine_metrics.cluster %q must honour the destination header (override_host or ORIGINAL_DST)", name)
+				if fv.field == "" {
+					c.fail("engine_metrics.cluster %q must honour the destination header (override_host or ORIGINAL_DST)", name)
+				}
 			case kind == kindOverrideHost:
-				c.requireMembers(name, cl, "pools.decode", cfg.Pools.Decode)
-				c.requireMembers(name, cl, "pools.prefill", cfg.Pools.Prefill)
+				c.requireMembers(name, cl, fv.field+"pools.decode", cfg.Pools.Decode)
+				c.requireMembers(name, cl, fv.field+"pools.prefill", cfg.Pools.Prefill)
 			}
 		}
 	}
-
-	c.checkDiscovery(cfg)
 
 	// Every endpoint must be an IP:port: both override_host and ORIGINAL_DST match
 	// addresses, not names.
@@ -240,14 +258,51 @@ func (c *bootstrapCheck) checkHCM(l *listenerv3.Listener, hcm *hcmv3.HttpConnect
 	}{{"pools.decode", cfg.Pools.Decode}, {"pools.prefill", cfg.Pools.Prefill}} {
 		for i, e := range p.pool.Endpoints {
 			if _, err := netip.ParseAddrPort(e.Address); err != nil {
-				c.fail("%s.endpoints[%d].address %q: Envoy honours only IP:port destinations", p.name, i, e.Address)
+				c.fail("%s%s.endpoints[%d].address %q: Envoy honours only IP:port destinations", fv.field, p.name, i, e.Address)
 			}
 		}
 	}
+}
 
-	if err := CheckStatsTags(c.b.GetStatsConfig().GetStatsTags(), cfg); err != nil {
-		c.fail("stats_tags: %v", err)
+func (c *bootstrapCheck) checkPrefillCluster(fv fleetView) {
+	cfg := fv.cfg
+	name := cfg.Disaggregation.PrefillCluster
+	cl, ok := c.clusters[name]
+	if !ok {
+		c.fail("%sdisaggregation.prefill_cluster %q does not exist", fv.field, name)
+		return
 	}
+	kind, err := destinationKind(cl, []string{cfg.Headers.Destination, cfg.Headers.PrefillDestination})
+	switch {
+	case err != nil:
+		c.fail("cluster %q: %v", name, err)
+	case kind == kindPlain:
+		c.fail("%sdisaggregation.prefill_cluster %q must honour the destination header (override_host or ORIGINAL_DST)", fv.field, name)
+	case kind == kindOverrideHost:
+		c.requireMembers(name, cl, fv.field+"pools.prefill", cfg.Pools.Prefill)
+	}
+	if lim := bufferLimit(cl.GetPerConnectionBufferLimitBytes()); lim <= cfg.MaxBodyBytes {
+		c.fail("cluster %q: per_connection_buffer_limit_bytes %d must exceed max_body_bytes %d", name, lim, cfg.MaxBodyBytes)
+	}
+}
+
+// fleetView is the top-level pools or one fleet of models as the filter builds it: a
+// Config with the fleet's pools and disaggregation, and the prefix its fields are
+// named under ("" or "models[i].").
+type fleetView struct {
+	field string
+	cfg   routing.Config
+}
+
+func fleetViews(cfg routing.Config) []fleetView {
+	out := []fleetView{{"", cfg}}
+	for i, m := range cfg.Models {
+		fc := cfg
+		fc.Models = nil
+		fc.Pools, fc.Disaggregation = m.Pools, m.Disaggregation
+		out = append(out, fleetView{fmt.Sprintf("models[%d].", i), fc})
+	}
+	return out
 }
 
 func (c *bootstrapCheck) checkWasm(where string, pc *wasmv3.PluginConfig) (routing.Config, bool) {
@@ -293,6 +348,9 @@ func OwnedHeaders(cfg routing.Config) []string {
 	hs = append(hs, cfg.Headers.PrefillDestination, cfg.Headers.PrefillDPRank)
 	if cfg.Headers.Decision != "" {
 		hs = append(hs, cfg.Headers.Decision)
+	}
+	if cfg.Headers.Model != "" {
+		hs = append(hs, cfg.Headers.Model)
 	}
 	return hs
 }
@@ -386,6 +444,18 @@ func bufferLimit(v *wrapperspb.UInt32Value) int64 {
 
 // TargetGaugeName is the Envoy stat name of a target's gauge, as the filter defines it
 // (filter/metrics.go) with Envoy's "wasmcustom." prefix for wasm-defined stats.
+// ModelMetricTag is a model name as the filter writes it into its per-model stat
+// names (filter.MetricModelTag): every byte other than [A-Za-z0-9_-] as '_'.
+func ModelMetricTag(name string) string {
+	b := []byte(name)
+	for i, c := range b {
+		if !(c == '_' || c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
+
 func TargetGaugeName(t routing.Target) (name, endpointLabel string) {
 	ep := strings.NewReplacer(".", "_", ":", "_").Replace(t.Address)
 	return "wasmcustom.kvroute_target_active_requests." + ep + ".rank_" + t.RankText, ep
@@ -433,7 +503,25 @@ func ExtractTags(name string, specs []*metricsv3.TagSpecifier) (string, map[stri
 // other kvroute stats alone.
 func CheckStatsTags(specs []*metricsv3.TagSpecifier, cfg routing.Config) error {
 	var errs []error
-	for _, t := range routing.NewPoolTargets(cfg.Pools.Decode).Targets {
+	var targets []routing.Target
+	for _, fv := range fleetViews(cfg) {
+		targets = append(targets, routing.NewPoolTargets(fv.cfg.Pools.Decode).Targets...)
+	}
+	for i, m := range cfg.Models {
+		// Per-model counters carry the model as a label, like the filter names them.
+		tag := ModelMetricTag(m.Names[0])
+		for _, base := range []string{"wasmcustom.kvroute_model_requests_routed", "wasmcustom.kvroute_model_decision_sticky"} {
+			name := base + "." + tag
+			got, tags, err := ExtractTags(name, specs)
+			if err != nil {
+				return err
+			}
+			if want := map[string]string{"kvroute_model": tag}; got != base || !sameTags(tags, want) {
+				errs = append(errs, fmt.Errorf("models[%d]: %s becomes %s%s, want %s%s", i, name, got, fmtTags(tags), base, fmtTags(want)))
+			}
+		}
+	}
+	for _, t := range targets {
 		name, ep := TargetGaugeName(t)
 		got, tags, err := ExtractTags(name, specs)
 		if err != nil {

@@ -148,13 +148,15 @@ func (p *pluginCheck) parseConfig(wp *extensionsv1alpha1.WasmPlugin) (routing.Co
 // checkEndpointAddresses checks that static endpoints are IP:port, the only form
 // override_host honours.
 func (p *pluginCheck) checkEndpointAddresses() {
-	for _, pool := range []struct {
-		name string
-		pool routing.Pool
-	}{{"pools.decode", p.cfg.Pools.Decode}, {"pools.prefill", p.cfg.Pools.Prefill}} {
-		for i, e := range pool.pool.Endpoints {
-			if _, err := netip.ParseAddrPort(e.Address); err != nil {
-				p.fail("pluginConfig.%s.endpoints[%d].address %q: override_host honours only IP:port (pod IPs)", pool.name, i, e.Address)
+	for _, fv := range fleetViews(p.cfg) {
+		for _, pool := range []struct {
+			name string
+			pool routing.Pool
+		}{{"pools.decode", fv.cfg.Pools.Decode}, {"pools.prefill", fv.cfg.Pools.Prefill}} {
+			for i, e := range pool.pool.Endpoints {
+				if _, err := netip.ParseAddrPort(e.Address); err != nil {
+					p.fail("pluginConfig.%s%s.endpoints[%d].address %q: override_host honours only IP:port (pod IPs)", fv.field, pool.name, i, e.Address)
+				}
 			}
 		}
 	}
@@ -316,17 +318,22 @@ func (p *pluginCheck) checkRoutedServices(gateways map[string]bool) int {
 // checkPrefillCluster checks the cluster the plugin sends prefill legs to in the inline
 // P/D modes.
 func (p *pluginCheck) checkPrefillCluster() {
-	m := p.cfg.Disaggregation.Mode
-	if m != routing.ModeVLLM && m != routing.ModeTRTLLM && m != routing.ModeSGLang {
-		return
+	cfg := p.cfg
+	for _, fv := range fleetViews(cfg) {
+		d := fv.cfg.Disaggregation
+		topUnused := fv.field == "" && len(cfg.Models) > 0 && len(cfg.Pools.Decode.Endpoints) == 0 && cfg.Pools.Decode.Discovery == nil
+		if m := d.Mode; topUnused || m != routing.ModeVLLM && m != routing.ModeTRTLLM && m != routing.ModeSGLang {
+			continue
+		}
+		field := fv.field + "disaggregation.prefill_cluster"
+		host, port, ok := istioCluster(d.PrefillCluster)
+		if !ok {
+			p.fail("%s %q: in Istio name the service's cluster, outbound|<port>||<host>", field, d.PrefillCluster)
+			continue
+		}
+		p.needOverrideHost(field, host, port, cfg.Headers.Destination, cfg.Headers.PrefillDestination)
+		p.needService(field, host, port)
 	}
-	host, port, ok := istioCluster(p.cfg.Disaggregation.PrefillCluster)
-	if !ok {
-		p.fail("disaggregation.prefill_cluster %q: in Istio name the service's cluster, outbound|<port>||<host>", p.cfg.Disaggregation.PrefillCluster)
-		return
-	}
-	p.needOverrideHost("disaggregation.prefill_cluster", host, port, p.cfg.Headers.Destination, p.cfg.Headers.PrefillDestination)
-	p.needService("disaggregation.prefill_cluster", host, port)
 }
 
 // checkEngineMetricsCluster checks the cluster the plugin scrapes engine metrics through.

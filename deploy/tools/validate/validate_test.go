@@ -33,9 +33,9 @@ func TestShippedFiles(t *testing.T) {
 	}
 	t.Logf("%d files, %d documents, %d bootstraps, %d kustomizations", len(res.Files), res.Docs, len(res.Bootstraps), len(res.Kustomizations))
 
-	// The shipped set is what the README promises: four bootstraps, the Istio base and
+	// The shipped set is what the README promises: five bootstraps, the Istio base and
 	// two examples.
-	for _, f := range []string{"deploy/envoy/override-host.yaml", "deploy/envoy/original-dst.yaml", "deploy/envoy/pd.yaml", "deploy/envoy/discovery.yaml"} {
+	for _, f := range []string{"deploy/envoy/override-host.yaml", "deploy/envoy/original-dst.yaml", "deploy/envoy/pd.yaml", "deploy/envoy/discovery.yaml", "deploy/envoy/models.yaml"} {
 		if len(res.Bootstraps[filepath.Join(root, f)]) != 1 {
 			t.Errorf("%s: want one kvroute plugin configuration, got %d", f, len(res.Bootstraps[filepath.Join(root, f)]))
 		}
@@ -55,6 +55,10 @@ func TestShippedFiles(t *testing.T) {
 	if len(disc) == 1 && (disc[0].Pools.Decode.Discovery == nil || len(disc[0].Pools.Decode.Endpoints) != 0 ||
 		disc[0].Pools.Decode.Discovery.Cluster != "kvroute_admin" || disc[0].Pools.Decode.Discovery.ServiceCluster != "kvroute_workers") {
 		t.Errorf("discovery.yaml: want the decode pool discovered from kvroute_workers through kvroute_admin, no static endpoint, got %+v", disc[0].Pools.Decode)
+	}
+	models := res.Bootstraps[filepath.Join(root, "deploy/envoy/models.yaml")]
+	if len(models) == 1 && (len(models[0].Models) != 2 || models[0].Headers.Model != "x-gateway-model-name") {
+		t.Errorf("models.yaml: want two models and the model header, got %+v %q", models[0].Models, models[0].Headers.Model)
 	}
 	// No pod IP in any Istio set: every pool is discovered from the gateway's Envoy.
 	for dir, cfgs := range res.Kustomizations {
@@ -141,6 +145,7 @@ func TestBootstrapRefusals(t *testing.T) {
 	const od = "deploy/envoy/original-dst.yaml"
 	const pd = "deploy/envoy/pd.yaml"
 	const dy = "deploy/envoy/discovery.yaml"
+	const mo = "deploy/envoy/models.yaml"
 	cases := []struct{ name, file, old, new, want string }{
 		{"unknown top-level field", oh, "static_resources:", "stats_flush_interval_typo: 5s\nstatic_resources:", "unknown field"},
 		{"unknown field inside an Any", oh, "override_host_sources:", "override_host_source:", "unknown field"},
@@ -177,6 +182,15 @@ func TestBootstrapRefusals(t *testing.T) {
 		{"discovery service cluster without override_host", dy, "- header: x-gateway-destination-endpoint", "- header: x-other", "must honour the destination header with override_host"},
 		{"discovery block refused", dy, `"dp_size": 1,`, `"dp_size": 1, "path": "/x",`, "pools.decode.discovery.path: only for source"},
 		{"prefill endpoint not in the prefill cluster", pd, `"prefill": {"endpoints": [{"address": "127.0.0.1:8001"`, `"prefill": {"endpoints": [{"address": "127.0.0.1:8009"`, "127.0.0.1:8009 is not one of its hosts"},
+		{"model header not stripped early", mo, "              - remove: x-gateway-model-name\n", "", `"x-gateway-model-name"`},
+		{"model endpoint in no routed cluster", mo, `{"address": "127.0.0.1:8002", "dp_size": 1}`, `{"address": "127.0.0.1:8003", "dp_size": 1}`,
+			"models[1].pools.decode.endpoints[0] 127.0.0.1:8003 is a host of no routed override_host cluster"},
+		{"model DNS endpoint", mo, `{"address": "127.0.0.1:8002", "dp_size": 1}`, `{"address": "llama.local:8002", "dp_size": 1}`,
+			"models[1].pools.decode.endpoints[0].address \"llama.local:8002\": Envoy honours only IP:port"},
+		{"model stats tag missing", mo, `  - tag_name: kvroute_model
+    regex: '^wasmcustom\.kvroute_model_[a-z_]+(\.([^.]+))$'
+`, "", "models[0]: wasmcustom.kvroute_model_requests_routed.qwen3-32b becomes"},
+		{"model name given twice", mo, `{"names": ["llama-3.1-8b"]`, `{"names": ["llama-3.1-8b", "qwen3-32b"]`, `models[1].names[1]: "qwen3-32b" is already named by models[0].names[0]`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { mutated(t, c.file, c.old, c.new, c.want) })
