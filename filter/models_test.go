@@ -234,3 +234,33 @@ func TestModelsConfigErrorsNameTheField(t *testing.T) {
 		assert.Contains(t, h.GetCriticalLogs(), `kvroute: invalid configuration: models[1].names[1]: "a" is already named by models[0].names[0]`)
 	})
 }
+
+// Each fleet discovers its own endpoints, with its own lease and set: two models
+// polled from two lists, each routed over its own answer only.
+func TestModelsDiscoverPerFleet(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		cfg := `{"models":[
+			{"names":["a"],"pools":{"decode":{"discovery":{"source":"http","cluster":"lists","path":"/a","interval_ms":100}}}},
+			{"names":["b"],"pools":{"decode":{"discovery":{"source":"http","cluster":"lists","path":"/b","interval_ms":100}}}}]}`
+		h := &discoveryHost{host: startHost(t, vm, cfg), cluster: "lists"}
+		dest, _, dec := h.routeModel(`"a"`, "before any poll")
+		assert.Equal(t, "", dest)
+		assert.Equal(t, "fallback", dec, "a fleet with no endpoint yet passes through")
+		h.advance(100)
+		h.Tick()
+		polls := h.polls()
+		require.Len(t, polls, 2, "one poll per fleet, both held by this VM")
+		for _, p := range polls {
+			body := `{"endpoints":[{"address":"10.0.1.1:8000"}]}`
+			if headerOf(p.Headers, ":path") == "/b" {
+				body = `{"endpoints":[{"address":"10.0.2.1:8000"}]}`
+			}
+			h.CallOnHttpCallResponse(p.CalloutID, [][2]string{{":status", "200"}}, nil, []byte(body))
+		}
+		dest, _, _ = h.routeModel(`"a"`, "one")
+		assert.Equal(t, "10.0.1.1:8000", dest)
+		dest, _, _ = h.routeModel(`"b"`, "two")
+		assert.Equal(t, "10.0.2.1:8000", dest)
+		assert.Equal(t, int64(0), h.gauge("kvroute_target_active_requests.10_0_2_1_8000.rank_0"), "a discovered fleet target gets its gauge")
+	})
+}
