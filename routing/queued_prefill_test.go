@@ -115,3 +115,46 @@ func TestMappedTargetAtTheCapKeepsATurnWhileItIsTheCheapest(t *testing.T) {
 		}
 	}
 }
+
+func TestAnOverflowWeighsTheTurnItsMappingMustComputeAgain(t *testing.T) {
+	// Every target caches a shared 1024-token system prompt; the conversation's target
+	// also holds its first turn (32 tokens more). That target is at the fair-share cap
+	// by decode load alone, nothing queued: moving this turn saves its decode share
+	// but only 32 cached tokens, and leaves the turn's 200 new tokens off the mapping,
+	// where the next turn would compute them again.
+	cfg := testConfig(t, `,"balance":{"fair_share_multiplier":1}`)
+	r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	rng := rand.New(rand.NewSource(7))
+	system := words(rng, 4096)
+	turn := func(conv, text string, id uint64) Decision {
+		req := textRequest(text, id)
+		req.Conversation, req.HasConversation = FingerprintString(conv), true
+		return r.Decide(req, NoRank)
+	}
+	done := func(d Decision) {
+		require.NoError(t, r.FirstChunk(&d.Ticket))
+		require.NoError(t, r.Release(d.Ticket))
+	}
+	for i, c := range []string{"x", "y", "z"} { // round robin: one on each target
+		done(turn(c, system+words(rng, 128), uint64(i)))
+	}
+	first := system + words(rng, 128)
+	d := turn("c", first, 10)
+	require.Equal(t, KindNewConversation, d.Kind)
+	done(d)
+	// Decode load: two requests on the conversation's target (at the cap of 2), one on
+	// each other target.
+	for _, tg := range r.DecodeTargets() {
+		n := 1
+		if tg.ID == d.Target.ID {
+			n = 2
+		}
+		for k := 0; k < n; k++ {
+			_, err := r.decode.ledger.AcquireQueued(tg.ID, 1000, 0, 1e6)
+			require.NoError(t, err)
+		}
+	}
+	next := turn("c", first+words(rng, 800), 11)
+	assert.Equal(t, KindSticky, next.Kind)
+	assert.Equal(t, d.Target.Address, next.Target.Address)
+}

@@ -309,6 +309,11 @@ func (r *Router) loadOf(l Load) int64 {
 // sharing the engine with it and holds the KV memory new requests need. Ties go to fewer active tokens, then to a
 // shuffle seeded by the request identity, so every VM and replica picks alike.
 func (r *Router) cheapest(v *poolView, cands []int, req *Request, matched []int) int {
+	return r.cheapestFrom(v, cands, req, matched, -1, 0)
+}
+
+// cheapestFrom is cheapest with leave added to the cost of every target but home.
+func (r *Router) cheapestFrom(v *poolView, cands []int, req *Request, matched []int, home int, leave float64) int {
 	if len(cands) == 0 {
 		return -1
 	}
@@ -324,6 +329,9 @@ func (r *Router) cheapest(v *poolView, cands []int, req *Request, matched []int)
 		}
 		l := &v.loads[i]
 		cost := float64(l.Prefill) + ownWeight*(reqTokens-m) + w*float64(l.Tokens)/denom*reqTokens
+		if i != home {
+			cost += leave
+		}
 		if best < 0 || cost < bestCost ||
 			(cost == bestCost && tieBefore(req.Identity, &ts[i], v.loads[i], &ts[best], v.loads[best])) {
 			best, bestCost = i, cost
@@ -704,7 +712,7 @@ func (r *Router) placeConversation(v *poolView, req *Request, pr *prompt) (int, 
 			}
 			// At the cap, or with more queued there than its cache is worth, the
 			// mapped target keeps the turn only if it is still the cheapest.
-			c, err := r.scoredWith(v, req, pr, i)
+			c, err := r.scoredFrom(v, req, pr, i)
 			if c == i {
 				return i, KindSticky, err
 			}
@@ -723,22 +731,42 @@ func (r *Router) placeConversation(v *poolView, req *Request, pr *prompt) (int, 
 
 // scored is the gated cost over the candidates.
 func (r *Router) scored(v *poolView, req *Request, pr *prompt) (int, error) {
-	return r.scoredWith(v, req, pr, -1)
-}
-
-// scoredWith is scored with target extra (if >= 0) among the candidates.
-func (r *Router) scoredWith(v *poolView, req *Request, pr *prompt, extra int) (int, error) {
 	cands, capped := v.candidates()
 	if capped {
 		cands = r.leastLoaded(v, cands)
-	}
-	if extra >= 0 && !contains(cands, extra) {
-		cands = append(cands, extra)
 	}
 	if err := r.lookup(v, pr); err != nil {
 		return -1, err
 	}
 	return r.cheapest(v, cands, req, r.matchedTokens(v, req, pr, cands)), nil
+}
+
+// scoredFrom weighs a conversation's mapped target home against the candidates.
+// The mapping outlives an overflow, so a turn placed elsewhere leaves its own uncached
+// tokens off home's copy of the history, and the next turn, back on home, computes
+// them again: leaving costs that prefill on top of this one's. Without a prompt to
+// look up nothing is known of the history, and leaving costs nothing more.
+func (r *Router) scoredFrom(v *poolView, req *Request, pr *prompt, home int) (int, error) {
+	cands, capped := v.candidates()
+	if capped {
+		cands = r.leastLoaded(v, cands)
+	}
+	if !contains(cands, home) {
+		cands = append(cands, home)
+	}
+	if err := r.lookup(v, pr); err != nil {
+		return -1, err
+	}
+	matched := r.matchedTokens(v, req, pr, cands)
+	m := 0
+	if matched != nil {
+		m = matched[home]
+	}
+	leave := 0.0
+	if len(pr.cps) > 0 {
+		leave = ownWeight * float64(max(0, req.Tokens-m))
+	}
+	return r.cheapestFrom(v, cands, req, matched, home, leave), nil
 }
 
 // firstTurn places a new conversation by conversation.first_turn.
