@@ -62,6 +62,25 @@ func TestNewConversationsRoundRobinEndpointFirst(t *testing.T) {
 	})
 }
 
+func TestNewConversationsGoWhereTheirSystemPromptIsCached(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, threeEndpoints)
+		var system strings.Builder
+		for i := 0; system.Len() < 4000; i++ {
+			fmt.Fprintf(&system, "rule%d ", i)
+		}
+		// A request without an id caches the system prompt on one target; the new
+		// conversations that share it go there under the default round robin.
+		home, _, _ := h.route(post("/v1/chat/completions", chat(system.String()+"warm up")))
+		for c := 0; c < 4; c++ {
+			dest, _, decision := h.route(post("/v1/chat/completions", chat(system.String()+fmt.Sprint("question ", c)),
+				[2]string{"x-session-id", fmt.Sprint("s", c)}))
+			assert.Equal(t, "new-conversation", decision)
+			assert.Equal(t, home, dest, "conversation %d", c)
+		}
+	})
+}
+
 func TestRankHeaderOnlyWithDataParallelism(t *testing.T) {
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startHost(t, vm, threeEndpoints)

@@ -247,3 +247,51 @@ func TestUncachedOnlyDisaggregatesANewConversation(t *testing.T) {
 	assert.Equal(t, KindNewConversation, d.Kind)
 	assert.Equal(t, PDDisaggregated, d.PD, "the request's own prefix record is not a cache hit")
 }
+
+func TestRoundRobinFirstTurnsGoWhereTheirSystemPromptIsCached(t *testing.T) {
+	// The default first_turn: a request without an id caches a long system prompt on
+	// one target; the new conversations that share it rotate over the targets that
+	// cache it (that one), not over all three.
+	r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	rng := rand.New(rand.NewSource(7))
+	system := words(rng, 4000)
+	warm := r.Decide(textRequest(system+words(rng, 300), 1), NoRank)
+	require.NoError(t, r.FirstChunk(&warm.Ticket))
+	require.NoError(t, r.Release(warm.Ticket))
+	for i := 0; i < 6; i++ {
+		req := textRequest(system+words(rng, 300), rng.Uint64())
+		req.Conversation, req.HasConversation = uint64(1000+i), true
+		d := r.Decide(req, NoRank)
+		assert.Equal(t, KindNewConversation, d.Kind)
+		assert.Equal(t, warm.Target.ID, d.Target.ID, "conversation %d", i)
+		require.NoError(t, r.FirstChunk(&d.Ticket))
+		require.NoError(t, r.Release(d.Ticket))
+	}
+}
+
+func TestRoundRobinFirstTurnsSkipQueuedPrefill(t *testing.T) {
+	// Nothing cached anywhere: the cursor rotates over the targets with no prefill
+	// queued, in its order, and over all three once none is queued.
+	r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	targets := r.DecodeTargets()
+	busy, err := r.decode.ledger.AcquireQueued(targets[0].ID, 4000, 4000, 1e6)
+	require.NoError(t, err)
+	var got []string
+	for i := 0; i < 4; i++ {
+		d := r.Decide(convRequest(fmt.Sprint("q", i)), NoRank)
+		require.Equal(t, KindNewConversation, d.Kind)
+		got = append(got, d.Target.Address)
+		require.NoError(t, r.FirstChunk(&d.Ticket))
+		require.NoError(t, r.Release(d.Ticket))
+	}
+	assert.NotContains(t, got, targets[0].Address)
+	assert.NotEqual(t, got[0], got[1], "the cursor still alternates")
+	require.NoError(t, r.FirstChunk(&busy))
+	used := map[string]bool{}
+	for i := 0; i < 3; i++ {
+		d := r.Decide(convRequest(fmt.Sprint("r", i)), NoRank)
+		used[d.Target.Address] = true
+		require.NoError(t, r.Release(d.Ticket))
+	}
+	assert.Len(t, used, 3)
+}

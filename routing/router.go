@@ -44,6 +44,8 @@ type poolState struct {
 	byID32       targetIndex         // low 32 bits of a target id → index, as the prefix index keeps them
 	matchedBuf   []int               // per target index: matched blocks of the request being decided
 	tokensBuf    []int               // per target index: matched tokens, gated
+	waitBuf      []int64             // per target index: a first turn's wait (soonest)
+	soonBuf      []int               // the targets soonest keeps
 	known        func(uint32) bool   // whether the prefix index's 32-bit id is a target here
 	clockOf      func(uint32) uint32 // a target's write clock in the view, in blocks
 	syncLoads    []Load              // the ledger read on the tick, for the index's clocks
@@ -105,6 +107,8 @@ func (ps *poolState) setTargets(eps []Endpoint) {
 	ps.matchedBuf = make([]int, n)
 	ps.syncLoads = make([]Load, n)
 	ps.tokensBuf = make([]int, n)
+	ps.waitBuf = make([]int64, n)
+	ps.soonBuf = make([]int, 0, n)
 	ps.viewLoads = make([]Load, n)
 	ps.viewEligible = make([]int, 0, n)
 	ps.candBuf = make([]int, 0, n)
@@ -783,8 +787,41 @@ func (r *Router) firstTurn(v *poolView, req *Request, pr *prompt) (int, error) {
 	case FirstTurnScore:
 		return r.scored(v, req, pr)
 	default:
-		return r.roundRobin(v.pool, cands)
+		soonest, err := r.soonest(v, req, pr, cands)
+		if err != nil {
+			return -1, err
+		}
+		return r.roundRobin(v.pool, soonest)
 	}
+}
+
+// soonest narrows a round-robin first turn to the candidates where its first token
+// would come soonest: the fewest tokens of prefill queued there plus its own uncached
+// prompt, within one block. With nothing queued and nothing cached that is every
+// candidate, and the cursor spreads new conversations as before; otherwise the cursor
+// skips the targets where the turn would wait behind other prefills or recompute a
+// prefix (a shared system prompt) that another candidate caches.
+func (r *Router) soonest(v *poolView, req *Request, pr *prompt, cands []int) ([]int, error) {
+	if err := r.lookup(v, pr); err != nil {
+		return nil, err
+	}
+	matched := r.matchedTokens(v, req, pr, cands)
+	wait := v.pool.waitBuf
+	low := int64(math.MaxInt64)
+	for _, i := range cands {
+		wait[i] = v.loads[i].Prefill + int64(req.Tokens)
+		if matched != nil {
+			wait[i] -= int64(matched[i])
+		}
+		low = min(low, wait[i])
+	}
+	out := v.pool.soonBuf[:0]
+	for _, i := range cands {
+		if wait[i] <= low+int64(r.cfg.Prefix.BlockTokens) {
+			out = append(out, i)
+		}
+	}
+	return out, nil
 }
 
 // fallback decides without shared state: rendezvous hashing for an explicit
