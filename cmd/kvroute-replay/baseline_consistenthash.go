@@ -40,16 +40,24 @@ func newConsistentHashSalted(cfg FleetConfig, salt uint64) *consistentHash {
 
 func (p *consistentHash) Name() string { return "consistent-hash" }
 
-func (p *consistentHash) Choose(r *Request, _ *Fleet) int {
+func (p *consistentHash) Choose(r *Request, f *Fleet) int {
 	key := r.FirstKey
 	if r.Conversation != "" {
 		key = hashString(0x636f6e76, r.Conversation)
 	}
 	i := sort.Search(len(p.ring), func(i int) bool { return p.ring[i].hash >= key })
-	if i == len(p.ring) {
-		i = 0 // wrap around
+	// Points of targets not in the fleet are passed over: the ring of the targets
+	// that are. (No fleet: every target.)
+	n := len(p.ring)
+	if f != nil {
+		n = f.N()
 	}
-	return p.ring[i].target
+	for k := 0; k < len(p.ring); k++ {
+		if t := p.ring[(i+k)%len(p.ring)].target; t < n {
+			return t
+		}
+	}
+	return 0
 }
 
 func (p *consistentHash) Done(*Request, int) {}

@@ -61,23 +61,23 @@ func (p *sglangCacheAware) Choose(r *Request, f *Fleet) int {
 		p.insert(minIdx, chunks)
 		return minIdx
 	}
-	matched, best := p.prefixMatch(chunks)
+	matched, best := p.prefixMatch(chunks, f.N())
 	choice := best
 	rate := 0.0
 	if r.TextLen > 0 {
 		rate = float64(matched*sglangChunk) / float64(r.TextLen)
 	}
 	if rate <= p.cacheThreshold {
-		choice = p.smallestTree()
+		choice = p.smallestTree(f.N())
 	}
 	p.insert(choice, chunks)
 	return choice
 }
 
 // prefixMatch returns the longest match in chunks over all trees and the tree that
-// holds it (the most recently touched of equals).
-func (p *sglangCacheAware) prefixMatch(chunks []uint64) (matched, tree int) {
-	cands := make([]int, len(p.trees))
+// holds it (the most recently touched of equals), over the n workers in the fleet.
+func (p *sglangCacheAware) prefixMatch(chunks []uint64, n int) (matched, tree int) {
+	cands := make([]int, n)
 	for i := range cands {
 		cands[i] = i
 	}
@@ -107,10 +107,10 @@ func (p *sglangCacheAware) prefixMatch(chunks []uint64) (matched, tree int) {
 	return matched, best
 }
 
-// smallestTree is the worker with the fewest characters in its tree, the first of
-// equals counting from tieStart (Rust's min_by_key over a HashMap has no fixed order).
-func (p *sglangCacheAware) smallestTree() int {
-	n := len(p.trees)
+// smallestTree is the worker of the n in the fleet with the fewest characters in its
+// tree, the first of equals counting from tieStart (Rust's min_by_key over a HashMap
+// has no fixed order).
+func (p *sglangCacheAware) smallestTree(n int) int {
 	best := p.tieStart % n
 	for k := 1; k < n; k++ {
 		i := (p.tieStart + k) % n

@@ -73,8 +73,11 @@ func (p *trtllmConversation) Choose(r *Request, f *Fleet) int {
 	} else if id := p.findMatchingSession(hashes); id != "" {
 		conv, server = id, p.sessions[id].server // 2. implicit continuation
 	}
+	if server >= f.N() {
+		server = -1 // its server left the fleet: placed afresh
+	}
 	if server < 0 { // 3. least loaded, new session
-		server = p.leastLoaded()
+		server = p.leastLoaded(f.N())
 		if conv == "" {
 			p.implicit++
 			conv = "conv_id:0_" + strconv.Itoa(p.implicit)
@@ -122,10 +125,10 @@ func (p *trtllmConversation) findMatchingSession(hashes []uint64) string {
 	return best
 }
 
-func (p *trtllmConversation) leastLoaded() int {
+func (p *trtllmConversation) leastLoaded(n int) int {
 	var tied []int
 	low := -1
-	for s, l := range p.load {
+	for s, l := range p.load[:n] {
 		switch {
 		case low < 0 || l < low:
 			low, tied = l, append(tied[:0], s)

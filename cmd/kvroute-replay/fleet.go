@@ -67,6 +67,7 @@ type Fleet struct {
 	cfg         FleetConfig
 	blockTokens int
 	targets     []*target
+	up          int // targets 0 … up−1 are in the fleet (a scaled replay moves it: scale.go)
 	now         float64
 	events      eventHeap
 	seq         int
@@ -77,6 +78,7 @@ type Fleet struct {
 	choices                []int
 	hits                   []int32   // per request index: prefix blocks served from cache
 	ttftByIndex            []float64 // per request index
+	departed               int       // requests a policy sent to a target that had left
 }
 
 // NewFleet builds an idle fleet whose caches count blocks of blockTokens tokens.
@@ -85,11 +87,13 @@ func NewFleet(cfg FleetConfig, blockTokens int) *Fleet {
 	for i := 0; i < cfg.Targets(); i++ {
 		f.targets = append(f.targets, &target{cache: NewLRU(cfg.CacheTokens / blockTokens)})
 	}
+	f.up = len(f.targets)
 	return f
 }
 
-// N is the number of targets.
-func (f *Fleet) N() int { return len(f.targets) }
+// N is the number of targets in the fleet now: targets 0 … N−1. A scaled replay
+// grows and shrinks the fleet at its end (scale.go); otherwise it is every target.
+func (f *Fleet) N() int { return f.up }
 
 // Config is the fleet's configuration.
 func (f *Fleet) Config() FleetConfig { return f.cfg }
@@ -218,16 +222,35 @@ func (f *Fleet) setInflight(tg *target, n int) {
 
 // Replay runs reqs (in arrival order) through a fresh fleet under p.
 func Replay(reqs []*Request, cfg FleetConfig, p Policy) (*Result, error) {
+	return ReplayScaled(reqs, cfg, p, nil)
+}
+
+// ReplayScaled is Replay on a fleet that scales on sched (nil: a fixed fleet). A
+// request sent to a target that has left is served there all the same (a pod drains
+// what it was sent while it terminates) and counted in Result.Departed.
+func ReplayScaled(reqs []*Request, cfg FleetConfig, p Policy, sched *Schedule) (*Result, error) {
 	blockTokens := MooncakeBlockTokens
 	if len(reqs) > 0 {
 		blockTokens = reqs[0].BlockTokens
 	}
 	f := NewFleet(cfg, blockTokens)
+	next := 0 // the schedule's next step
+	if sched != nil {
+		f.up = sched.Start * cfg.DPSize
+	}
 	for _, r := range reqs {
+		for sched != nil && next < len(sched.Steps) && sched.Steps[next].AtMS <= r.ArrivalMS {
+			f.advance(sched.Steps[next].AtMS, p)
+			f.up = sched.Steps[next].Endpoints * cfg.DPSize
+			next++
+		}
 		f.advance(r.ArrivalMS, p) // completions due by the arrival come first
 		t := p.Choose(r, f)
-		if t < 0 || t >= f.N() {
+		if t < 0 || t >= len(f.targets) || (sched == nil && t >= f.N()) {
 			return nil, fmt.Errorf("%s chose target %d for request %d (fleet has %d)", p.Name(), t, r.Index, f.N())
+		}
+		if t >= f.N() {
+			f.departed++
 		}
 		f.assign(r, t)
 	}
@@ -254,6 +277,7 @@ type Result struct {
 	PD                     string    // P/D split, if the policy reports one
 	Notes                  []string  // anomalies the policy reported
 	Ticks                  int       // timer ticks delivered to the policy (kvroute)
+	Departed               int       // requests sent to a target that had left (scaled replays)
 }
 
 // Count is a named count.
@@ -264,7 +288,8 @@ type Count struct {
 
 func (f *Fleet) result(name string) *Result {
 	res := &Result{Policy: name, Requests: len(f.choices), HitBlocks: f.hitBlocks, TotalBlocks: f.totalBlocks,
-		HitTokens: f.hitTokens, InputTokens: f.inputTokens, EndMS: f.now, Choices: f.choices, Hits: f.hits, TTFTByIndex: f.ttftByIndex}
+		HitTokens: f.hitTokens, InputTokens: f.inputTokens, EndMS: f.now, Choices: f.choices, Hits: f.hits, TTFTByIndex: f.ttftByIndex,
+		Departed: f.departed}
 	for _, tg := range f.targets {
 		res.Assigned = append(res.Assigned, tg.assigned)
 		res.Work = append(res.Work, tg.work)

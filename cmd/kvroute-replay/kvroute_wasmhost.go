@@ -37,10 +37,11 @@ type kvrouteWasm struct {
 	err     error          // the first routing failure, reported by Replay's caller
 	kinds   []string       // decision header per request index
 
-	fleet    *Fleet  // the replay's clock
-	nextTick float64 // replay time of the next timer tick, ms
-	ticks    int     // ticks delivered
-	onTick   func()  // if set, called after every tick (a replica answers scrapes there)
+	fleet    *Fleet         // the replay's clock
+	nextTick float64        // replay time of the next timer tick, ms
+	ticks    int            // ticks delivered
+	onTick   func()         // if set, called after every tick (a replica answers scrapes there)
+	disc     *discoveryHost // if set, answers discovery polls (a scaled replay: scale.go)
 
 	// idSalt, when set, makes request n's x-request-id replay-<idSalt>-<n> instead
 	// of replay-<n>. The filter seeds its tie-break shuffle with that id,
@@ -74,6 +75,9 @@ func (p *kvrouteWasm) tickTo(now float64) {
 			}
 		}
 		p.nextTick += period
+	}
+	if p.disc != nil {
+		p.disc.at(now)
 	}
 }
 

@@ -40,8 +40,11 @@ type options struct {
 	seed                                       uint64
 	idSalt                                     string // -id-salt: varies kvroute's x-request-id (its tie-break seed)
 	strict                                     bool
-	replicas                                   int    // -replicas: gateway replicas (replicas.go), 0 = off
-	replicaConfigs                             string // -replica-configs
+	replicas                                   int        // -replicas: gateway replicas (replicas.go), 0 = off
+	replicaConfigs                             string     // -replica-configs
+	scale                                      *scaleSpec // -scale: a fleet that scales (scale.go), nil = fixed
+	scaleInterval                              int        // -scale-interval-ms: kvroute's discovery.interval_ms
+	scaleWindowMS                              float64    // -scale-window: the span reported after a step
 }
 
 // Fleet defaults (shown by -help):
@@ -89,8 +92,21 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.strict, "strict", false, "exit 1 when kvroute misses a line of the routing-quality bar")
 	fs.IntVar(&o.replicas, "replicas", 0, "also replay kvroute as this many gateway replicas, each request to one at random (0: off)")
 	fs.StringVar(&o.replicaConfigs, "replica-configs", "all", "with -replicas, comma-separated: round_robin, hash, round_robin+metrics, hash+metrics (first_turn, engine metrics), or all")
+	scale := fs.String("scale", "", "replay a fleet that scales instead, e.g. \"start=4,at=50%:+4\" (at= a share of the replay, 600s or ms; :+M joins M endpoints, :-M removes the newest M): kvroute discovers it, compared with kvroute told at once, kvroute static and the baselines; -endpoints is ignored")
+	fs.IntVar(&o.scaleInterval, "scale-interval-ms", 1000, "with -scale, kvroute's pools.decode.discovery.interval_ms")
+	scaleWindow := fs.Float64("scale-window", 60, "with -scale, the span after the first step reported apart, seconds of replay time")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if *scale != "" {
+		sp, err := parseScale(*scale)
+		if err != nil {
+			return nil, err
+		}
+		if *scaleWindow <= 0 || o.scaleInterval < 100 {
+			return nil, fmt.Errorf("-scale-window must be > 0 and -scale-interval-ms >= 100")
+		}
+		o.scale, o.scaleWindowMS = sp, *scaleWindow*1000
 	}
 	for _, f := range strings.Split(*speedList, ",") {
 		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
@@ -138,6 +154,14 @@ func main() {
 		}
 		fmt.Fprintln(os.Stderr, "kvroute-replay:", err)
 		os.Exit(2)
+	}
+	if o.scale != nil {
+		if err := runScale(o, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "kvroute-replay:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("runtime: %.1f s\n", time.Since(start).Seconds())
+		return
 	}
 	rep, reqs, err := run(o)
 	if err != nil {
