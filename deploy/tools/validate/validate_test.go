@@ -1,6 +1,7 @@
 package validate
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -63,13 +64,8 @@ func TestShippedFiles(t *testing.T) {
 	// No pod IP in any Istio set: every pool is discovered from the gateway's Envoy.
 	for dir, cfgs := range res.Kustomizations {
 		for _, c := range cfgs {
-			for _, p := range []routing.Pool{c.Pools.Decode, c.Pools.Prefill} {
-				if len(p.Endpoints) != 0 {
-					t.Errorf("%s: static endpoints %+v: discover them", dir, p.Endpoints)
-				}
-			}
-			if d := c.Pools.Decode.Discovery; d == nil || d.Source != routing.DiscoveryEnvoyAdmin || d.Cluster != "prometheus_stats" {
-				t.Errorf("%s: want the decode pool discovered through prometheus_stats, got %+v", dir, d)
+			for _, problem := range istioPoolProblems(c) {
+				t.Errorf("%s: %s", dir, problem)
 			}
 		}
 	}
@@ -82,6 +78,80 @@ func TestShippedFiles(t *testing.T) {
 		ipd[0].Pools.Prefill.Discovery.ServiceCluster != ipd[0].Disaggregation.PrefillCluster) {
 		t.Errorf("istio pd: want inline vllm P/D with a prefill pool discovered from the prefill cluster, got %+v %+v",
 			ipd[0].Disaggregation, ipd[0].Pools.Prefill)
+	}
+}
+
+// istioPoolProblems is the rule for the pools of a shipped Istio set: no static
+// endpoint (pods come and go, their IPs with them), and every fleet's decode pool
+// discovered through the proxy's own admin (prometheus_stats). The one pool that may
+// be empty is the top-level decode pool of a configuration with models: a model no
+// fleet names then gets kvroute's 404.
+func istioPoolProblems(c routing.Config) []string {
+	var out []string
+	for _, fv := range fleetViews(c) {
+		for _, p := range []struct {
+			name string
+			pool routing.Pool
+		}{{"pools.decode", fv.cfg.Pools.Decode}, {"pools.prefill", fv.cfg.Pools.Prefill}} {
+			if len(p.pool.Endpoints) != 0 {
+				out = append(out, fmt.Sprintf("%s%s: static endpoints %+v: discover them", fv.field, p.name, p.pool.Endpoints))
+			}
+		}
+		d := fv.cfg.Pools.Decode.Discovery
+		if fv.field == "" && len(c.Models) > 0 && d == nil && len(c.Pools.Decode.Endpoints) == 0 {
+			continue
+		}
+		if d == nil || d.Source != routing.DiscoveryEnvoyAdmin || d.Cluster != "prometheus_stats" {
+			out = append(out, fmt.Sprintf("%spools.decode: want it discovered through prometheus_stats, got %+v", fv.field, d))
+		}
+	}
+	return out
+}
+
+// TestIstioPoolRule checks the rule TestShippedFiles holds the Istio sets to: it
+// accepts a models configuration whose fleets are discovered and whose top-level
+// pools are empty, and refuses a static endpoint anywhere and a fleet discovered
+// other than through the proxy's admin.
+func TestIstioPoolRule(t *testing.T) {
+	disc := func(svc string) string {
+		return `{"discovery": {"source": "envoy_admin", "cluster": "prometheus_stats", "service_cluster": "outbound|8000||` + svc + `.llm.svc.cluster.local"}}`
+	}
+	for _, tc := range []struct {
+		name, js string
+		want     []string // prefixes, one per problem, in order
+	}{
+		{"one discovered fleet", `{"pools": {"decode": ` + disc("vllm") + `}}`, nil},
+		{"models, empty top level", `{"models": [{"names": ["a"], "pools": {"decode": ` + disc("a") + `}},
+			{"names": ["b"], "pools": {"decode": ` + disc("b") + `}}]}`, nil},
+		{"models and a discovered top level", `{"pools": {"decode": ` + disc("vllm") + `},
+			"models": [{"names": ["a"], "pools": {"decode": ` + disc("a") + `}}]}`, nil},
+		{"a fleet with a pod IP", `{"models": [{"names": ["a"], "pools": {"decode": ` + disc("a") + `}},
+			{"names": ["b"], "pools": {"decode": {"endpoints": [{"address": "10.0.0.1:8000"}]}}}]}`,
+			[]string{"models[1].pools.decode: static endpoints", "models[1].pools.decode: want it discovered"}},
+		{"a static top level beside models", `{"pools": {"decode": {"endpoints": [{"address": "10.0.0.1:8000"}]}},
+			"models": [{"names": ["a"], "pools": {"decode": ` + disc("a") + `}}]}`,
+			[]string{"pools.decode: static endpoints", "pools.decode: want it discovered"}},
+		{"a discovered top level with a static prefill", `{"pools": {"decode": ` + disc("vllm") + `,
+			"prefill": {"endpoints": [{"address": "10.0.0.2:8000"}]}}}`,
+			[]string{"pools.prefill: static endpoints"}},
+		{"a fleet discovered over http", `{"models": [{"names": ["a"], "pools": {"decode":
+			{"discovery": {"source": "http", "cluster": "outbound|8080||lister.llm.svc.cluster.local", "path": "/endpoints"}}}}]}`,
+			[]string{"models[0].pools.decode: want it discovered through prometheus_stats"}},
+	} {
+		cfg, err := routing.ParseConfig([]byte(tc.js))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		got := istioPoolProblems(cfg)
+		if len(got) != len(tc.want) {
+			t.Errorf("%s: got %q, want %d problems %q", tc.name, got, len(tc.want), tc.want)
+			continue
+		}
+		for i, w := range tc.want {
+			if !strings.HasPrefix(got[i], w) {
+				t.Errorf("%s: problem %d is %q, want it to start with %q", tc.name, i, got[i], w)
+			}
+		}
 	}
 }
 
