@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -35,13 +36,13 @@ func TestShippedFiles(t *testing.T) {
 	t.Logf("%d files, %d documents, %d bootstraps, %d kustomizations", len(res.Files), res.Docs, len(res.Bootstraps), len(res.Kustomizations))
 
 	// The shipped set is what the README promises: five bootstraps, the Istio base and
-	// two examples.
+	// three examples.
 	for _, f := range []string{"deploy/envoy/override-host.yaml", "deploy/envoy/original-dst.yaml", "deploy/envoy/pd.yaml", "deploy/envoy/discovery.yaml", "deploy/envoy/models.yaml"} {
 		if len(res.Bootstraps[filepath.Join(root, f)]) != 1 {
 			t.Errorf("%s: want one kvroute plugin configuration, got %d", f, len(res.Bootstraps[filepath.Join(root, f)]))
 		}
 	}
-	for _, d := range []string{"istio/base", "istio/examples/vllm-dp", "istio/examples/pd"} {
+	for _, d := range []string{"istio/base", "istio/examples/vllm-dp", "istio/examples/pd", "istio/examples/models"} {
 		if len(res.Kustomizations[filepath.Join(root, d)]) != 1 {
 			t.Errorf("%s: want one rendered WasmPlugin, got %d", d, len(res.Kustomizations[filepath.Join(root, d)]))
 		}
@@ -78,6 +79,23 @@ func TestShippedFiles(t *testing.T) {
 		ipd[0].Pools.Prefill.Discovery.ServiceCluster != ipd[0].Disaggregation.PrefillCluster) {
 		t.Errorf("istio pd: want inline vllm P/D with a prefill pool discovered from the prefill cluster, got %+v %+v",
 			ipd[0].Disaggregation, ipd[0].Pools.Prefill)
+	}
+
+	im := res.Kustomizations[filepath.Join(root, "istio/examples/models")]
+	if len(im) == 1 {
+		c := im[0]
+		if len(c.Models) != 2 || c.Headers.Model != "x-gateway-model-name" || !slices.Contains(c.Routes, "/v1/models") {
+			t.Errorf("istio models: want two fleets, the model header and /v1/models in routes, got %+v %q %v", c.Models, c.Headers.Model, c.Routes)
+		}
+		if c.Pools.Decode.Discovery != nil {
+			t.Errorf("istio models: the top-level pools must be empty (unknown models get a 404), got %+v", c.Pools.Decode)
+		}
+		if len(c.Models) == 2 {
+			a, b := c.Models[0].Pools.Decode.Discovery, c.Models[1].Pools.Decode.Discovery
+			if a != nil && b != nil && a.ServiceCluster == b.ServiceCluster {
+				t.Errorf("istio models: both fleets discover %s: each needs its own service", a.ServiceCluster)
+			}
+		}
 	}
 }
 
@@ -333,6 +351,9 @@ func TestIstioSetRefusals(t *testing.T) {
 		{"prefill cluster without override_host", "examples/pd", "examples/pd/envoyfilter-prefill.yaml", "service: vllm-prefill.llm.svc.cluster.local", "service: vllm-x.llm.svc.cluster.local", "cluster of vllm-prefill.llm.svc.cluster.local:8000"},
 		{"prefill service missing", "examples/pd", "examples/pd/vllm-pd.yaml", "  name: vllm-prefill\n  namespace: llm\n  labels:\n    app: vllm-prefill\nspec:\n  selector:", "  name: vllm-prefill-svc\n  namespace: llm\n  labels:\n    app: vllm-prefill\nspec:\n  selector:", "no Service vllm-prefill.llm with port 8000"},
 		{"plugin on a different gateway than the EnvoyFilter", "base", "base/wasmplugin.yaml", "    name: kvroute-gateway", "    name: other-gateway", "no EnvoyFilter"},
+		{"model header not stripped", "examples/models", "examples/models/envoyfilter-patch.yaml", "              - remove: x-gateway-model-name\n", "", `removes "x-gateway-model-name"`},
+		{"second model's service without override_host", "examples/models", "examples/models/envoyfilter-patch.yaml", "service: qwen-large.llm.svc.cluster.local", "service: qwen-other.llm.svc.cluster.local", "models[1].pools.decode.discovery.service_cluster: no EnvoyFilter sets override_host on the cluster of qwen-large.llm.svc.cluster.local:8000"},
+		{"second model's service missing", "examples/models", "examples/models/wasmplugin-patch.yaml", `service_cluster: "outbound|8000||qwen-large.llm.svc.cluster.local"`, `service_cluster: "outbound|8001||qwen-large.llm.svc.cluster.local"`, "models[1].pools.decode.discovery.service_cluster: no Service qwen-large.llm with port 8001"},
 		{"k8s unknown field", "examples/vllm-dp", "examples/vllm-dp/vllm.yaml", "  replicas: 2", "  replicas: 2\n  replica: 2", "unknown field"},
 		{"gateway api unknown field", "examples/vllm-dp", "examples/vllm-dp/gateway.yaml", "    timeouts:\n      request: \"0s\"", "    timeouts:\n      requests: \"0s\"", "unknown field"},
 	}
