@@ -485,12 +485,11 @@ func (r *Router) choose(p *poolState, req *Request, pr *prompt, rank int, nowMS 
 	var choice int
 	var kind Kind
 	if req.HasConversation && r.cfg.Conversation.Enabled {
-		choice, kind, err = r.placeConversation(v, req, pr)
+		if choice, kind, err = r.placeConversation(v, req, pr); err != nil {
+			return chosen{}, err
+		}
 	} else {
-		choice, kind, err = r.placeByPrefix(v, req, pr)
-	}
-	if err != nil {
-		return chosen{}, err
+		choice, kind = r.placeByPrefix(v, req, pr)
 	}
 	c := chosen{kind: kind, target: p.targets.Targets[choice]}
 	uncached := int64(req.Tokens)
@@ -517,7 +516,8 @@ func (r *Router) matchedOn(v *poolView, req *Request, pr *prompt, choice int) in
 		return 0
 	}
 	if pr.matched == nil || !pr.complete && pr.matched[choice] == 0 {
-		if err := r.lookup(v, pr); err != nil || pr.matched == nil {
+		r.lookup(v, pr)
+		if pr.matched == nil {
 			return 0
 		}
 	}
@@ -525,9 +525,9 @@ func (r *Router) matchedOn(v *poolView, req *Request, pr *prompt, choice int) in
 }
 
 // lookup fills pr.matched from the pool's prefix index: every target's match.
-func (r *Router) lookup(v *poolView, pr *prompt) error {
+func (r *Router) lookup(v *poolView, pr *prompt) {
 	if pr.complete || len(pr.cps) == 0 {
-		return nil
+		return
 	}
 	if pr.search == nil {
 		r.lookupDeepest(v, pr)
@@ -541,7 +541,6 @@ func (r *Router) lookup(v *poolView, pr *prompt) error {
 		}
 	}
 	pr.complete = true
-	return nil
 }
 
 // lookupDeepest fills pr.matched with the deepest match only (every target that
@@ -594,7 +593,7 @@ func (r *Router) matchedTokens(v *poolView, req *Request, pr *prompt, cands []in
 // when it is under the fair-share cap and what is queued there is no more than its
 // cache is worth (queueFits); otherwise it keeps it only if it is still the cheapest
 // of the candidates and itself.
-func (r *Router) placeByPrefix(v *poolView, req *Request, pr *prompt) (int, Kind, error) {
+func (r *Router) placeByPrefix(v *poolView, req *Request, pr *prompt) (int, Kind) {
 	cands, capped := v.candidates()
 	if capped {
 		cands = r.leastLoaded(v, cands)
@@ -603,13 +602,11 @@ func (r *Router) placeByPrefix(v *poolView, req *Request, pr *prompt) (int, Kind
 	// other targets' shorter matches are looked up only when there is none.
 	r.lookupDeepest(v, pr)
 	if i := r.continuation(v, req, pr, cands, true); i >= 0 {
-		return i, KindContinuation, nil
+		return i, KindContinuation
 	}
-	if err := r.lookup(v, pr); err != nil {
-		return -1, 0, err
-	}
+	r.lookup(v, pr)
 	if i := r.continuation(v, req, pr, cands, true); i >= 0 {
-		return i, KindContinuation, nil
+		return i, KindContinuation
 	}
 	if h := r.continuation(v, req, pr, v.eligible, false); h >= 0 {
 		extra := !contains(cands, h)
@@ -617,7 +614,7 @@ func (r *Router) placeByPrefix(v *poolView, req *Request, pr *prompt) (int, Kind
 			cands = append(cands, h)
 		}
 		if i := r.cheapest(v, cands, req, r.matchedTokens(v, req, pr, cands)); i == h {
-			return h, KindContinuation, nil
+			return h, KindContinuation
 		}
 		if extra {
 			cands = cands[:len(cands)-1]
@@ -626,9 +623,9 @@ func (r *Router) placeByPrefix(v *poolView, req *Request, pr *prompt) (int, Kind
 	matched := r.matchedTokens(v, req, pr, cands)
 	i := r.cheapest(v, cands, req, matched)
 	if matched != nil && pr.matched[i] > 0 {
-		return i, KindPrefix, nil
+		return i, KindPrefix
 	}
-	return i, KindLoad, nil
+	return i, KindLoad
 }
 
 // queueFits reports whether the prefill queued on target i is no more than what the
@@ -708,19 +705,16 @@ func (r *Router) placeConversation(v *poolView, req *Request, pr *prompt) (int, 
 				// than the history cached there.
 				return i, KindSticky, nil
 			}
-			if err := r.lookup(v, pr); err != nil {
-				return -1, 0, err
-			}
+			r.lookup(v, pr)
 			if !v.atCap(i) && r.queueFits(v, req, pr, i) {
 				return i, KindSticky, nil
 			}
 			// At the cap, or with more queued there than its cache is worth, the
 			// mapped target keeps the turn only if it is still the cheapest.
-			c, err := r.scoredFrom(v, req, pr, i)
-			if c == i {
-				return i, KindSticky, err
+			if c := r.scoredFrom(v, req, pr, i); c != i {
+				return c, KindOverflow, nil
 			}
-			return c, KindOverflow, err
+			return i, KindSticky, nil
 		}
 	}
 	choice, err := r.firstTurn(v, req, pr)
@@ -734,15 +728,13 @@ func (r *Router) placeConversation(v *poolView, req *Request, pr *prompt) (int, 
 }
 
 // scored is the gated cost over the candidates.
-func (r *Router) scored(v *poolView, req *Request, pr *prompt) (int, error) {
+func (r *Router) scored(v *poolView, req *Request, pr *prompt) int {
 	cands, capped := v.candidates()
 	if capped {
 		cands = r.leastLoaded(v, cands)
 	}
-	if err := r.lookup(v, pr); err != nil {
-		return -1, err
-	}
-	return r.cheapest(v, cands, req, r.matchedTokens(v, req, pr, cands)), nil
+	r.lookup(v, pr)
+	return r.cheapest(v, cands, req, r.matchedTokens(v, req, pr, cands))
 }
 
 // scoredFrom weighs a conversation's mapped target home against the candidates.
@@ -750,7 +742,7 @@ func (r *Router) scored(v *poolView, req *Request, pr *prompt) (int, error) {
 // tokens off home's copy of the history, and the next turn, back on home, computes
 // them again: leaving costs that prefill on top of this one's. Without a prompt to
 // look up nothing is known of the history, and leaving costs nothing more.
-func (r *Router) scoredFrom(v *poolView, req *Request, pr *prompt, home int) (int, error) {
+func (r *Router) scoredFrom(v *poolView, req *Request, pr *prompt, home int) int {
 	cands, capped := v.candidates()
 	if capped {
 		cands = r.leastLoaded(v, cands)
@@ -758,9 +750,7 @@ func (r *Router) scoredFrom(v *poolView, req *Request, pr *prompt, home int) (in
 	if !contains(cands, home) {
 		cands = append(cands, home)
 	}
-	if err := r.lookup(v, pr); err != nil {
-		return -1, err
-	}
+	r.lookup(v, pr)
 	matched := r.matchedTokens(v, req, pr, cands)
 	m := 0
 	if matched != nil {
@@ -770,7 +760,7 @@ func (r *Router) scoredFrom(v *poolView, req *Request, pr *prompt, home int) (in
 	if len(pr.cps) > 0 {
 		leave = ownWeight * float64(max(0, req.Tokens-m))
 	}
-	return r.cheapestFrom(v, cands, req, matched, home, leave), nil
+	return r.cheapestFrom(v, cands, req, matched, home, leave)
 }
 
 // firstTurn places a new conversation by conversation.first_turn.
@@ -785,13 +775,9 @@ func (r *Router) firstTurn(v *poolView, req *Request, pr *prompt) (int, error) {
 	case FirstTurnHash:
 		return rendezvous(v.pool, cands, req.Conversation), nil
 	case FirstTurnScore:
-		return r.scored(v, req, pr)
+		return r.scored(v, req, pr), nil
 	default:
-		soonest, err := r.soonest(v, req, pr, cands)
-		if err != nil {
-			return -1, err
-		}
-		return r.roundRobin(v.pool, soonest)
+		return r.roundRobin(v.pool, r.soonest(v, req, pr, cands))
 	}
 }
 
@@ -801,10 +787,8 @@ func (r *Router) firstTurn(v *poolView, req *Request, pr *prompt) (int, error) {
 // candidate, and the cursor spreads new conversations as before; otherwise the cursor
 // skips the targets where the turn would wait behind other prefills or recompute a
 // prefix (a shared system prompt) that another candidate caches.
-func (r *Router) soonest(v *poolView, req *Request, pr *prompt, cands []int) ([]int, error) {
-	if err := r.lookup(v, pr); err != nil {
-		return nil, err
-	}
+func (r *Router) soonest(v *poolView, req *Request, pr *prompt, cands []int) []int {
+	r.lookup(v, pr)
 	matched := r.matchedTokens(v, req, pr, cands)
 	wait := v.pool.waitBuf
 	low := int64(math.MaxInt64)
@@ -821,7 +805,7 @@ func (r *Router) soonest(v *poolView, req *Request, pr *prompt, cands []int) ([]
 			out = append(out, i)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // fallback decides without shared state: rendezvous hashing for an explicit
