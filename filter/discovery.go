@@ -123,7 +123,7 @@ func discoveryAuthority(cluster string) string {
 
 func (p *pluginContext) onDiscovery(d *discoveryPoll, bodySize int) {
 	d.inFlight = false
-	defer p.recoverFailOpen("discovery")
+	defer p.recoverFailOpen("discovery", nil)
 	status := 0
 	headers, _ := proxywasm.GetHttpCallResponseHeaders()
 	for _, kv := range headers {

@@ -56,7 +56,7 @@ func (p *pluginContext) scrapeEngines(now int64) {
 }
 
 func (p *pluginContext) onScrape(router *routing.Router, prefill bool, e routing.Endpoint, bodySize int) {
-	defer p.recoverFailOpen("engine scrape")
+	defer p.recoverFailOpen("engine scrape", nil)
 	headers, _ := proxywasm.GetHttpCallResponseHeaders()
 	status := 0
 	for _, kv := range headers {

@@ -38,7 +38,7 @@ type httpContext struct {
 
 func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (action types.Action) {
 	action = types.ActionContinue
-	defer c.recoverFailOpen("request headers", &action)
+	defer c.plugin.recoverFailOpen("request headers", func() { action = types.ActionContinue })
 	p := c.plugin
 	cfg := &p.cfg
 	// One host call reads every header; each is looked at once, here.
@@ -110,7 +110,7 @@ func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (ac
 
 func (c *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) (action types.Action) {
 	action = types.ActionContinue
-	defer c.recoverFailOpen("request body", &action)
+	defer c.plugin.recoverFailOpen("request body", func() { action = types.ActionContinue })
 	if !c.routed || c.decided {
 		return types.ActionContinue
 	}
@@ -197,7 +197,7 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 
 func (c *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) (action types.Action) {
 	action = types.ActionContinue
-	defer c.recoverFailOpen("response headers", &action)
+	defer c.plugin.recoverFailOpen("response headers", func() { action = types.ActionContinue })
 	if !c.decided {
 		return types.ActionContinue
 	}
@@ -220,7 +220,7 @@ func (c *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) (action
 	if c.firstChunk || !c.decided || c.released {
 		return types.ActionContinue
 	}
-	defer c.recoverFailOpen("response body", &action)
+	defer c.plugin.recoverFailOpen("response body", func() { action = types.ActionContinue })
 	c.firstChunk = true
 	if err := c.fleet.Router.FirstChunk(&c.decision.Ticket); err != nil {
 		c.plugin.metrics.stateConflicts.Increment(1)
@@ -254,8 +254,7 @@ func (c *httpContext) reportHealth(failed bool) {
 }
 
 func (c *httpContext) OnHttpStreamDone() {
-	var ignored types.Action
-	defer c.recoverFailOpen("stream done", &ignored)
+	defer c.plugin.recoverFailOpen("stream done", nil)
 	if !c.decided {
 		return
 	}
@@ -279,18 +278,6 @@ func (c *httpContext) release() {
 	// retries spent, a host error) is kept and written at the next flush.
 	if err := c.fleet.Router.Release(c.decision.Ticket); err != nil {
 		c.plugin.metrics.stateConflicts.Increment(1)
-	}
-}
-
-// recoverFailOpen turns a panic in a callback into a counted fail-open: the request
-// continues as it is.
-func (c *httpContext) recoverFailOpen(where string, action *types.Action) {
-	if r := recover(); r != nil {
-		*action = types.ActionContinue
-		if c.plugin.metrics != nil {
-			c.plugin.metrics.failOpen.Increment(1)
-		}
-		logFailOpen("kvroute: recovered in %s, failing open: %v", where, r)
 	}
 }
 

@@ -157,7 +157,7 @@ func (c *httpContext) prefillResponse(bodySize int) (status int, body []byte) {
 
 // onPrefillAnswer is the prefill call's callback: it hands the answer to the mode.
 func (c *httpContext) onPrefillAnswer(_, bodySize, _ int) {
-	defer c.resumeOnPanic()
+	defer c.plugin.recoverFailOpen("prefill callback", resumeRequest)
 	status, body := c.prefillResponse(bodySize)
 	c.pdMode().prefillAnswered(c, status, body)
 }
@@ -215,11 +215,6 @@ func (c *httpContext) releasePrefill() {
 	}
 }
 
-// resumeOnPanic keeps a fault in a prefill callback from stalling the request.
-func (c *httpContext) resumeOnPanic() {
-	if r := recover(); r != nil {
-		c.plugin.metrics.failOpen.Increment(1)
-		logFailOpen("kvroute: recovered in prefill callback, resuming: %v", r)
-		_ = proxywasm.ResumeHttpRequest()
-	}
-}
+// resumeRequest lets a request paused for its prefill call go on, so that a fault
+// in the call's callback does not stall it.
+func resumeRequest() { _ = proxywasm.ResumeHttpRequest() }

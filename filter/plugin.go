@@ -95,7 +95,7 @@ func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
 // changes (dropping expired slots) and reads the others', and sets the gauges from
 // the ledger as it now stands.
 func (p *pluginContext) OnTick() {
-	defer p.recoverFailOpen("tick")
+	defer p.recoverFailOpen("tick", nil)
 	p.metrics.flushCounters()
 	if p.cfg.Prefix.Enabled {
 		if err := p.eachRouter((*routing.Router).SyncPrefixes); err != nil {
@@ -114,7 +114,7 @@ func (p *pluginContext) OnTick() {
 // changes of the VM's batch, which would otherwise count until the lease expires when
 // a reconfiguration retires this plugin.
 func (p *pluginContext) OnPluginDone() bool {
-	defer p.recoverFailOpen("plugin done")
+	defer p.recoverFailOpen("plugin done", nil)
 	if p.metrics != nil {
 		p.metrics.flushCounters()
 	}
@@ -126,12 +126,17 @@ func (p *pluginContext) OnPluginDone() bool {
 	return true
 }
 
-// recoverFailOpen turns a panic in a callback into a counted fail-open.
-func (p *pluginContext) recoverFailOpen(where string) {
+// recoverFailOpen, deferred by every callback, turns a panic into a counted,
+// logged fail-open; then (if not nil) lets the request go on as it is: a request
+// callback's answer becomes Continue, a prefill callback resumes the request.
+func (p *pluginContext) recoverFailOpen(where string, then func()) {
 	if r := recover(); r != nil {
 		if p.metrics != nil {
 			p.metrics.failOpen.Increment(1)
 		}
 		logFailOpen("kvroute: recovered in %s, failing open: %v", where, r)
+		if then != nil {
+			then()
+		}
 	}
 }
