@@ -349,31 +349,22 @@ func (l *LoadLedger) changes() int {
 // nothing to write it only reads. On failure the batch is kept for the next flush.
 func (l *LoadLedger) Flush(nowMS int64) error {
 	oldest := l.oldestLiveEpoch(nowMS)
-	for attempt := 0; attempt <= l.retries; attempt++ {
-		old, cas, err := l.store.Get(l.key)
-		switch {
-		case err == ErrNotFound:
-			old, cas = nil, 0
-		case err != nil:
-			return err
-		}
-		entries := decodeLedger(old, oldest)
-		next := encodeLedger(applyDeltas(entries, l.pending, oldest), l.keepClock)
+	var seen []byte
+	err := update(l.store, l.key, l.retries, func(old []byte) ([]byte, bool) {
+		next := encodeLedger(applyDeltas(decodeLedger(old, oldest), l.pending, oldest), l.keepClock)
 		if !l.hasChanges() && (old == nil || len(next) == len(old)) {
 			// Nothing to write and nothing expired (dropping a slot shortens the value).
-			l.seen, l.read, l.pending = old, true, l.pending[:0]
-			return nil
+			seen = old
+			return nil, false
 		}
-		err = l.store.Set(l.key, next, cas)
-		if err == nil {
-			l.seen, l.read, l.pending = next, true, l.pending[:0]
-			return nil
-		}
-		if err != ErrCASMismatch {
-			return err
-		}
+		seen = next
+		return next, true
+	})
+	if err != nil {
+		return err
 	}
-	return ErrStateConflict
+	l.seen, l.read, l.pending = seen, true, l.pending[:0]
+	return nil
 }
 
 // Acquire adds one request of tokens to target and returns its ticket. The ticket is
