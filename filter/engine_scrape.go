@@ -15,7 +15,8 @@ import (
 // kvroute_engine_scrape_failures: the previous figures age out after
 // engine_metrics.stale_ms. Scrapes never touch a request.
 
-// vmID tells the VMs of one Envoy apart for the scrape lease.
+// vmID tells the VMs of one Envoy apart for the scrape and discovery leases; it
+// comes from routing.NewVMIdentity like the prefix journals' identities.
 var vmID uint64 = 1
 
 func (p *pluginContext) scrapeEngines(now int64) {

@@ -17,14 +17,14 @@ func init() { proxywasm.SetVMContext(&vmContext{}) }
 
 type vmContext struct{ types.DefaultVMContext }
 
-// OnVMStart seeds the VM's identity in the prefix journal from the host's randomness.
+// OnVMStart seeds the VM's identities in shared state from the host's randomness, so
+// that the VMs of one Envoy tell themselves apart, and takes the VM's lease identity.
 func (*vmContext) OnVMStart(int) types.OnVMStartStatus {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err == nil {
-		seed := binary.LittleEndian.Uint64(b[:])
-		routing.SetVMIdentitySeed(seed)
-		vmID = seed | 1
+		routing.SetVMIdentitySeed(binary.LittleEndian.Uint64(b[:]))
 	}
+	vmID = routing.NewVMIdentity()
 	return types.OnVMStartStatusOK
 }
 

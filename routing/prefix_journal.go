@@ -3,7 +3,6 @@ package routing
 import (
 	"encoding/binary"
 	"strconv"
-	"sync/atomic"
 )
 
 // prefixJournal carries prefix-index records between the VMs of one Envoy through
@@ -58,22 +57,9 @@ type journalPeer struct {
 	seq  uint64
 }
 
-// vmIdentity distinguishes the VMs of one Envoy in the journal; the filter sets it
-// from a random source at start. Tests and tools may leave it: a counter then
-// tells their Routers apart.
-var nextVMIdentity atomic.Uint64
-
-// SetVMIdentitySeed seeds the identities of journals created after it.
-func SetVMIdentitySeed(seed uint64) {
-	if seed != 0 {
-		nextVMIdentity.Store(seed)
-	}
-}
-
 func newPrefixJournal(s Store, namespace, pool string, retries int) *prefixJournal {
-	id := mix64(nextVMIdentity.Add(0x9e3779b97f4a7c15))
 	return &prefixJournal{store: s, prefix: namespace + "/pj/" + pool + "/", retries: retries,
-		vmid: id | 1, slot: -1}
+		vmid: NewVMIdentity(), slot: -1}
 }
 
 // queue adds one record for the other VMs; a full outbox drops its oldest half (those
