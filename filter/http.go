@@ -10,40 +10,89 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
 
-// httpContext follows one request: headers, maybe the body, the decision, the
-// response status and the release of its load.
+// httpContext follows one request through its phases: headers, maybe the body, the
+// decision, maybe an inline prefill, the response and the release of its load.
 type httpContext struct {
 	types.DefaultHttpContext
-	plugin *pluginContext
+	plugin *pluginContext // the plugin (config, router fleets, metrics) the request runs in
 
-	api        routing.API
-	fleet      *routing.Fleet // the fleet that serves the request's model
-	routed     bool           // a POST on a configured route: it will be (or was) decided
-	decided    bool
-	clientRank int
-	requestID  string
-	req        routing.Request
-	decision   routing.Decision
+	phase      phase            // where the request is in its life
+	api        routing.API      // the API of the route the request came in on
+	fleet      *routing.Fleet   // the fleet that serves the request's model
+	clientRank int              // the DP rank a trusted client asked for; routing.NoRank if none
+	requestID  string           // the request's x-request-id ("" until one is known)
+	req        routing.Request  // what the router is told about the request
+	decision   routing.Decision // the router's answer, with the load tickets to hand back
+	body       []byte           // the buffered body, kept while an inline prefill runs
 
-	healthReported bool
-	released       bool
-	firstChunk     bool // the first response body chunk came back
-
-	body            []byte // the buffered body, kept while an inline prefill runs
-	prefillInFlight bool
-	prefillReleased bool
-	answered        bool // the filter answered the client itself (a prefill's reply)
-	unparsable      bool // the body failed open
+	unparsable      bool // the body failed open: routed by load, forwarded untouched
+	answered        bool // the filter answered the client itself (a 404, a prefill's reply)
+	firstChunk      bool // the first response body chunk came back: the prefill is over
+	healthReported  bool // the target that served has been reported to the health board
+	prefillReleased bool // the prefill load was handed back (it is handed back once)
 }
+
+// phase is where a request is in its life. It only moves forward, but for an answered
+// prefill, which takes the request from phasePrefilling back to phaseDecided.
+type phase uint8
+
+const (
+	// phaseHeaders: the request headers are not read yet, or the request is not one
+	// kvroute routes (it passes untouched).
+	phaseHeaders phase = iota
+	// phaseAwaitingBody: a POST on a configured route whose headers are held until
+	// its body is in.
+	phaseAwaitingBody
+	// phaseDecided: the body is read (or will not be) and the request decided: its
+	// target is in the headers, or the filter answered it (a model no fleet serves).
+	phaseDecided
+	// phasePrefilling: decided, and the request waits for its inline prefill call.
+	phasePrefilling
+	// phaseReleased: the stream is done and the request's load is handed back.
+	phaseReleased
+)
+
+// decided says whether the request is past its decision (in phaseDecided or later).
+func (p phase) decided() bool { return p >= phaseDecided }
 
 func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (action types.Action) {
 	action = types.ActionContinue
 	defer c.plugin.recoverFailOpen("request headers", func() { action = types.ActionContinue })
+	h := c.readRequestHeaders()
+	api, ok := c.plugin.routes[h.path]
+	if ok && h.method == "GET" && h.path == catalogueRoute && c.answerCatalogue() {
+		return types.ActionPause
+	}
+	if h.method != "POST" || !ok {
+		return types.ActionContinue
+	}
+	c.phase, c.api = phaseAwaitingBody, api
+	if h.conversation != "" {
+		c.req.Conversation, c.req.HasConversation = routing.FingerprintString(h.conversation), true
+	}
+	if c.decidedByHeaders(h.contentLength, endOfStream) {
+		c.decide(nil)
+		return types.ActionContinue
+	}
+	// Hold the headers until the body is in: the decision needs it.
+	return types.ActionPause
+}
+
+// requestHead is what the request headers tell before the route is known.
+type requestHead struct {
+	method, path  string // path without its query
+	conversation  string // the first configured conversation header sent, "" if none
+	contentLength string
+}
+
+// readRequestHeaders reads every request header with one host call, looks at each
+// once, takes the request id and a trusted client's DP rank, and strips the headers
+// kvroute owns so that no client can spoof them.
+func (c *httpContext) readRequestHeaders() requestHead {
 	p := c.plugin
 	cfg := &p.cfg
-	// One host call reads every header; each is looked at once, here.
 	headers := requestHeaders()
-	var method, path, conversation, contentLength string
+	var h requestHead
 	convRank := len(cfg.Conversation.Headers)
 	var stripped uint32 // bit i: owned header i was sent and is removed
 	for {
@@ -57,13 +106,13 @@ func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (ac
 		}
 		switch {
 		case r.method:
-			method = value
+			h.method = value
 		case r.path:
-			path = value
+			h.path = value
 		case r.requestID:
 			c.requestID = value
 		case r.contentLength:
-			contentLength = value
+			h.contentLength = value
 		}
 		for _, i := range r.owned {
 			if stripped&(1<<i) == 0 && name == cfg.Headers.DPRank && cfg.TrustClientDPRank {
@@ -77,41 +126,34 @@ func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (ac
 			_ = proxywasm.RemoveHttpRequestHeader(name)
 		}
 		if r.conversation >= 0 && r.conversation < convRank && value != "" {
-			conversation, convRank = value, r.conversation // first configured header wins
+			h.conversation, convRank = value, r.conversation // first configured header wins
 		}
 	}
-	if i := strings.IndexByte(path, '?'); i >= 0 {
-		path = path[:i]
+	if i := strings.IndexByte(h.path, '?'); i >= 0 {
+		h.path = h.path[:i]
 	}
-	api, ok := p.routes[path]
-	if ok && method == "GET" && path == catalogueRoute && c.answerCatalogue() {
-		return types.ActionPause
-	}
-	if method != "POST" || !ok {
-		return types.ActionContinue
-	}
-	c.routed, c.api = true, api
-	if conversation != "" {
-		c.req.Conversation, c.req.HasConversation = routing.FingerprintString(conversation), true
-	}
+	return h
+}
+
+// decidedByHeaders says whether a routed request is decided without its body: it has
+// none, or its content-length says the body outgrows max_body_bytes, and then the
+// length, bounded like any other estimate, gives its tokens.
+func (c *httpContext) decidedByHeaders(contentLength string, endOfStream bool) bool {
 	if endOfStream {
-		c.decide(nil)
-		return types.ActionContinue
+		return true
 	}
+	cfg := &c.plugin.cfg
 	if n, err := strconv.ParseInt(contentLength, 10, 64); err == nil && n > cfg.MaxBodyBytes {
-		// The client writes content-length: the estimate is bounded like any other.
 		c.req.Tokens = int(min(n, routing.MaxRequestBytes) / int64(cfg.CharsPerToken))
-		c.decide(nil)
-		return types.ActionContinue
+		return true
 	}
-	// Hold the headers until the body is in: the decision needs it.
-	return types.ActionPause
+	return false
 }
 
 func (c *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) (action types.Action) {
 	action = types.ActionContinue
 	defer c.plugin.recoverFailOpen("request body", func() { action = types.ActionContinue })
-	if !c.routed || c.decided {
+	if c.phase != phaseAwaitingBody {
 		return types.ActionContinue
 	}
 	cfg := &c.plugin.cfg
@@ -135,7 +177,7 @@ func (c *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) (action 
 func (c *httpContext) decide(body []byte) (wait bool) {
 	p := c.plugin
 	cfg := &p.cfg
-	c.decided = true
+	c.phase = phaseDecided
 	started := time.Since(monotonicBase) // one clock read, where time.Now makes two
 	defer func() {
 		p.metrics.decisionTime.Record(uint64((time.Since(monotonicBase) - started).Microseconds()))
@@ -198,7 +240,7 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 func (c *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) (action types.Action) {
 	action = types.ActionContinue
 	defer c.plugin.recoverFailOpen("response headers", func() { action = types.ActionContinue })
-	if !c.decided {
+	if !c.phase.decided() {
 		return types.ActionContinue
 	}
 	code, _ := strconv.Atoi(responseStatus())
@@ -217,7 +259,7 @@ func (c *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) (a
 // has started (a streamed response's headers open the event stream at once).
 func (c *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) (action types.Action) {
 	action = types.ActionContinue
-	if c.firstChunk || !c.decided || c.released {
+	if c.firstChunk || !c.phase.decided() || c.phase == phaseReleased {
 		return types.ActionContinue
 	}
 	defer c.plugin.recoverFailOpen("response body", func() { action = types.ActionContinue })
@@ -239,7 +281,7 @@ func (c *httpContext) isFailureStatus(code int) bool {
 
 // reportHealth tells the health board how the target that served did, once.
 func (c *httpContext) reportHealth(failed bool) {
-	if c.healthReported || c.prefillInFlight || c.answered {
+	if c.healthReported || c.phase == phasePrefilling || c.answered {
 		return // a local reply while the prefill runs is not the decoder's doing
 	}
 	c.healthReported = true
@@ -255,7 +297,7 @@ func (c *httpContext) reportHealth(failed bool) {
 
 func (c *httpContext) OnHttpStreamDone() {
 	defer c.plugin.recoverFailOpen("stream done", nil)
-	if !c.decided {
+	if !c.phase.decided() {
 		return
 	}
 	if !c.healthReported && upstreamFailed() {
@@ -267,10 +309,10 @@ func (c *httpContext) OnHttpStreamDone() {
 
 // release hands the request's load back, exactly once.
 func (c *httpContext) release() {
-	if c.released {
+	if c.phase == phaseReleased {
 		return
 	}
-	c.released = true
+	c.phase = phaseReleased
 	if !c.decision.Ticket.Valid {
 		return
 	}

@@ -119,7 +119,7 @@ func (c *httpContext) dispatchPrefill(body []byte) bool {
 		c.prefillFailed()
 		return false
 	}
-	c.prefillInFlight = true
+	c.phase = phasePrefilling
 	return true
 }
 
@@ -137,7 +137,9 @@ func (c *httpContext) requestIdentity() string {
 // reports the prefill endpoint's health. status 0 means no response (a timeout or a
 // reset: Envoy calls back with no headers).
 func (c *httpContext) prefillResponse(bodySize int) (status int, body []byte) {
-	c.prefillInFlight = false
+	if c.phase == phasePrefilling { // not once the client has left
+		c.phase = phaseDecided
+	}
 	c.releasePrefill()
 	headers, _ := proxywasm.GetHttpCallResponseHeaders()
 	for _, kv := range headers {
