@@ -5,6 +5,8 @@ import (
 	"errors"
 	"math"
 	"slices"
+
+	"github.com/kvroute/kvroute/routing/promtext"
 )
 
 // Engine metrics (docs/behaviour.md, Engine-reported load): one VM at a time holds the
@@ -153,8 +155,8 @@ func (g *engineGroup) set(field *float64, bit uint8, v float64) {
 //     each rank gets running/dpSize and waiting/dpSize, and the KV usage as it is.
 //
 // Values that are NaN, infinite or negative are left out. A malformed page is an error
-// wrapping ErrPromText; a page with none of the flavor's series is ErrNoEngineFigures.
-// Either way the caller keeps no figures from it.
+// wrapping promtext.ErrMalformed; a page with none of the flavor's series is
+// ErrNoEngineFigures. Either way the caller keeps no figures from it.
 func ParseEngineMetrics(flavor string, text []byte, dpSize, dpRankStart int) (map[int]EngineFigures, error) {
 	names, ok := engineFlavors[flavor]
 	if !ok {
@@ -164,7 +166,7 @@ func ParseEngineMetrics(flavor string, text []byte, dpSize, dpRankStart int) (ma
 		dpSize = 1
 	}
 	groups := map[engineGroupKey]*engineGroup{}
-	err := scanPrometheus(text, func(name []byte, labels promLabels, v float64) bool {
+	err := promtext.Scan(text, func(name []byte, labels promtext.Labels, v float64) bool {
 		var field int
 		switch string(name) {
 		case names.running:
@@ -181,7 +183,7 @@ func ParseEngineMetrics(flavor string, text []byte, dpSize, dpRankStart int) (ma
 		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 			return true
 		}
-		key := engineGroupKey{rank: -1, model: labels.hash(names.modelLabel)}
+		key := engineGroupKey{rank: -1, model: labels.Hash(names.modelLabel)}
 		if names.rankLabel != "" && labels.Has(names.rankLabel) {
 			key.rank = -2 // not a rank: counts only where every series goes to the one rank
 			if r, ok := labels.Int(names.rankLabel); ok {

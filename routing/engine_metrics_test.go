@@ -2,11 +2,14 @@ package routing
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/promtext"
 	"github.com/stretchr/testify/require"
 )
 
@@ -154,9 +157,9 @@ func TestEngineMetricsErrors(t *testing.T) {
 	_, err := ParseEngineMetrics("tgi", []byte("x 1\n"), 1, 0)
 	require.ErrorIs(t, err, ErrUnknownFlavor)
 	_, err = ParseEngineMetrics(FlavorVLLM, []byte("vllm:num_requests_running{engine=\"0\" 1\n"), 1, 0)
-	require.ErrorIs(t, err, ErrPromText)
+	require.ErrorIs(t, err, promtext.ErrMalformed)
 	_, err = ParseEngineMetrics(FlavorVLLM, []byte("<html>502 Bad Gateway</html>"), 1, 0)
-	require.ErrorIs(t, err, ErrPromText)
+	require.ErrorIs(t, err, promtext.ErrMalformed)
 	_, err = ParseEngineMetrics(FlavorVLLM, readEngineTestdata(t, "sglang.txt"), 1, 0)
 	require.ErrorIs(t, err, ErrNoEngineFigures, "the wrong flavor finds nothing")
 	_, err = ParseEngineMetrics(FlavorVLLM, nil, 1, 0)
@@ -478,4 +481,11 @@ func leUint64(b []byte) uint64 {
 		v = v<<8 | uint64(b[i])
 	}
 	return v
+}
+
+func readEngineTestdata(t testing.TB, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", "engine", name))
+	require.NoError(t, err)
+	return b
 }

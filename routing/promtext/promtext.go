@@ -1,4 +1,10 @@
-package routing
+// Package promtext reads the Prometheus text exposition format, as much of it as the
+// /metrics pages of inference engines use. It is a package of its own because it is a
+// parser of untrusted text with its own fuzz target; it is hand-written rather than
+// github.com/prometheus/common/expfmt because linking expfmt's TextParser into the filter
+// more than doubles build/kvroute.wasm (mostly its protobuf metric model) and raises
+// go.mod's Go version, while this reader adds a few kilobytes.
+package promtext
 
 import (
 	"errors"
@@ -6,56 +12,39 @@ import (
 	"unsafe"
 )
 
-// A small strict reader of the Prometheus text exposition format (version 0.0.4), enough
-// for the /metrics pages of inference engines: it skips comment lines (# HELP, # TYPE
-// and any other "#" line) and blank lines, and reads samples
-//
-//	name{label="value",...} value [timestamp]
-//
-// with label values escaped as \\, \" and \n, values in Go float syntax including NaN,
-// +Inf and -Inf, and an optional integer timestamp. A line it cannot read is an error
-// (wrapping ErrPromText) and stops the scan: a page that is not what we expect is
-// better ignored whole than half-trusted. The work is linear in the text: every byte is
-// looked at a bounded number of times, and nothing is allocated per sample.
-//
-// Why not github.com/prometheus/common/expfmt: it builds for GOOS=wasip1, but linking
-// its TextParser into the filter more than doubles build/kvroute.wasm, mostly with its
-// protobuf metric model (prometheus/client_model, google.golang.org/protobuf), and it
-// raises go.mod's Go version. This reader adds a few kilobytes.
+// ErrMalformed is wrapped by every error Scan returns.
+var ErrMalformed = errors.New("kvroute: malformed prometheus text")
 
-// ErrPromText is wrapped by every error scanPrometheus returns.
-var ErrPromText = errors.New("kvroute: malformed prometheus text")
-
-// promTextError names the line (1-based) that could not be read, and why.
-type promTextError struct {
+// lineError names the line (1-based) that could not be read, and why.
+type lineError struct {
 	Line   int
 	Reason string
 }
 
-func (e *promTextError) Error() string {
+func (e *lineError) Error() string {
 	return "kvroute: malformed prometheus text, line " + strconv.Itoa(e.Line) + ": " + e.Reason
 }
 
-func (e *promTextError) Unwrap() error { return ErrPromText }
+func (e *lineError) Unwrap() error { return ErrMalformed }
 
-// promLabels is a view of one sample's label block, the text between its braces, already
+// Labels is a view of one sample's label block, the text between its braces, already
 // checked to be well formed. It holds no copy and allocates nothing; it is valid only
-// during the scanPrometheus callback that received it.
-type promLabels struct {
+// during the Scan callback that received it.
+type Labels struct {
 	raw []byte
 }
 
-// Len is the number of labels.
-func (l promLabels) Len() int {
+// count is the number of labels.
+func (l Labels) count() int {
 	n := 0
 	l.each(func(_, _ []byte, _ bool) bool { n++; return true })
 	return n
 }
 
-// Get returns the unescaped value of the label called name. A value without escapes
+// get returns the unescaped value of the label called name. A value without escapes
 // is returned as a view of the scanned text, not a copy: it is valid while that text
 // is unchanged (strings.Clone it to keep it longer). A value with escapes is copied.
-func (l promLabels) Get(name string) (string, bool) {
+func (l Labels) get(name string) (string, bool) {
 	v, esc, ok := l.lookup(name)
 	if !ok {
 		return "", false
@@ -80,7 +69,7 @@ func (l promLabels) Get(name string) (string, bool) {
 
 // Int returns the label's value as a non-negative decimal int (at most 9 digits), without
 // allocating. ok is false when the label is absent or is not such a number.
-func (l promLabels) Int(name string) (n int, ok bool) {
+func (l Labels) Int(name string) (n int, ok bool) {
 	v, esc, found := l.lookup(name)
 	if !found || esc || len(v) == 0 || len(v) > 9 {
 		return 0, false
@@ -95,14 +84,14 @@ func (l promLabels) Int(name string) (n int, ok bool) {
 }
 
 // Has reports whether the label is present.
-func (l promLabels) Has(name string) bool {
+func (l Labels) Has(name string) bool {
 	_, _, ok := l.lookup(name)
 	return ok
 }
 
-// hash is an FNV-1a hash of the label's unescaped value (0 when absent), so samples can
+// Hash is an FNV-1a hash of the label's unescaped value (0 when absent), so samples can
 // be grouped by a label's value without copying it.
-func (l promLabels) hash(name string) uint64 {
+func (l Labels) Hash(name string) uint64 {
 	v, _, ok := l.lookup(name)
 	if !ok {
 		return 0
@@ -121,7 +110,7 @@ func (l promLabels) hash(name string) uint64 {
 }
 
 // lookup finds the first label called name and returns its raw (still escaped) value.
-func (l promLabels) lookup(name string) (value []byte, escaped, ok bool) {
+func (l Labels) lookup(name string) (value []byte, escaped, ok bool) {
 	l.each(func(n, v []byte, esc bool) bool {
 		if string(n) == name {
 			value, escaped, ok = v, esc, true
@@ -133,7 +122,7 @@ func (l promLabels) lookup(name string) (value []byte, escaped, ok bool) {
 }
 
 // each walks a label block that scanLabels has already validated.
-func (l promLabels) each(fn func(name, value []byte, escaped bool) bool) {
+func (l Labels) each(fn func(name, value []byte, escaped bool) bool) {
 	b := l.raw
 	i := 0
 	for {
@@ -194,11 +183,19 @@ func isLabelNameByte(c byte, notFirst bool) bool {
 		(notFirst && c >= '0' && c <= '9')
 }
 
-// scanPrometheus reads text and calls fn for every sample in order; fn returns false to
-// stop early. name and labels are views of text, valid only during the call. It
-// returns nil at the end of the text (or when fn stops it), and a *promTextError
-// (wrapping ErrPromText) at the first line it cannot read. It never panics.
-func scanPrometheus(text []byte, fn func(name []byte, labels promLabels, value float64) bool) error {
+// Scan reads text in the text exposition format (version 0.0.4) and calls fn for every
+// sample in order; fn returns false to stop early. It skips comment lines (# HELP,
+// # TYPE and any other "#" line) and blank lines, and reads samples
+//
+//	name{label="value",...} value [timestamp]
+//
+// with label values escaped as \\, \" and \n, values in Go float syntax including NaN,
+// +Inf and -Inf, and an optional integer timestamp. name and labels are views of text,
+// valid only during the call. It returns nil at the end of the text (or when fn stops
+// it), and an error wrapping ErrMalformed that names the first line it cannot read: a
+// page that is not what we expect is better ignored whole than half-trusted. The work is
+// linear in the text, nothing is allocated per sample, and it never panics.
+func Scan(text []byte, fn func(name []byte, labels Labels, value float64) bool) error {
 	line := 0
 	for len(text) > 0 {
 		line++
@@ -217,7 +214,7 @@ func scanPrometheus(text []byte, fn func(name []byte, labels promLabels, value f
 		}
 		name, labels, value, reason := parseSample(l, i)
 		if reason != "" {
-			return &promTextError{Line: line, Reason: reason}
+			return &lineError{Line: line, Reason: reason}
 		}
 		if !fn(name, labels, value) {
 			return nil
@@ -236,25 +233,25 @@ func indexByte(b []byte, c byte) int {
 }
 
 // parseSample reads one sample line from position i (its first non-blank byte).
-func parseSample(l []byte, i int) (name []byte, labels promLabels, value float64, reason string) {
+func parseSample(l []byte, i int) (name []byte, labels Labels, value float64, reason string) {
 	start := i
 	for i < len(l) && isMetricNameByte(l[i], i > start) {
 		i++
 	}
 	if i == start {
-		return nil, promLabels{}, 0, "a sample must start with a metric name"
+		return nil, Labels{}, 0, "a sample must start with a metric name"
 	}
 	name = l[start:i]
 	if i < len(l) && l[i] != ' ' && l[i] != '\t' && l[i] != '{' {
-		return nil, promLabels{}, 0, "invalid character in metric name"
+		return nil, Labels{}, 0, "invalid character in metric name"
 	}
 	i = skipBlanks(l, i)
 	if i < len(l) && l[i] == '{' {
 		end, r := scanLabels(l, i+1)
 		if r != "" {
-			return nil, promLabels{}, 0, r
+			return nil, Labels{}, 0, r
 		}
-		labels = promLabels{raw: l[i+1 : end]}
+		labels = Labels{raw: l[i+1 : end]}
 		i = skipBlanks(l, end+1)
 	}
 	vs := i
@@ -262,11 +259,11 @@ func parseSample(l []byte, i int) (name []byte, labels promLabels, value float64
 		i++
 	}
 	if i == vs {
-		return nil, promLabels{}, 0, "missing value"
+		return nil, Labels{}, 0, "missing value"
 	}
 	v, err := strconv.ParseFloat(string(l[vs:i]), 64)
 	if err != nil && !isRangeError(err) {
-		return nil, promLabels{}, 0, "value is not a number"
+		return nil, Labels{}, 0, "value is not a number"
 	}
 	i = skipBlanks(l, i)
 	if i < len(l) {
@@ -279,10 +276,10 @@ func parseSample(l []byte, i int) (name []byte, labels promLabels, value float64
 			i++
 		}
 		if i == ds || i-ts > 20 {
-			return nil, promLabels{}, 0, "timestamp is not an integer"
+			return nil, Labels{}, 0, "timestamp is not an integer"
 		}
 		if skipBlanks(l, i) != len(l) {
-			return nil, promLabels{}, 0, "unexpected text after the timestamp"
+			return nil, Labels{}, 0, "unexpected text after the timestamp"
 		}
 	}
 	return name, labels, v, ""

@@ -1,4 +1,4 @@
-package routing
+package promtext
 
 import (
 	"bytes"
@@ -23,26 +23,28 @@ type promSample struct {
 func scanAll(t testing.TB, text string) ([]promSample, error) {
 	t.Helper()
 	var out []promSample
-	err := scanPrometheus([]byte(text), func(name []byte, l promLabels, v float64) bool {
+	err := Scan([]byte(text), func(name []byte, l Labels, v float64) bool {
 		s := promSample{name: string(name), labels: map[string]string{}, value: v}
 		l.each(func(n, _ []byte, _ bool) bool {
-			val, ok := l.Get(string(n))
+			val, ok := l.get(string(n))
 			require.True(t, ok)
 			if _, dup := s.labels[string(n)]; !dup {
 				s.labels[string(n)] = strings.Clone(val)
 			}
 			return true
 		})
-		require.Equal(t, len(s.labels), l.Len())
+		require.Equal(t, len(s.labels), l.count())
 		out = append(out, s)
 		return true
 	})
 	return out, err
 }
 
+// readEngineTestdata reads one of the engines' real pages, which live with the routing
+// package's engine-metrics tests that also read them.
 func readEngineTestdata(t testing.TB, name string) []byte {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", "engine", name))
+	b, err := os.ReadFile(filepath.Join("..", "testdata", "engine", name))
 	require.NoError(t, err)
 	return b
 }
@@ -92,8 +94,8 @@ func TestPromScanSamples(t *testing.T) {
 
 func TestPromLabelsAccessors(t *testing.T) {
 	var seen int
-	err := scanPrometheus([]byte(`m{engine="3",model_name="a\"b",big="1234567890",neg="-1",empty="",dup="1",dup="2"} 1`),
-		func(_ []byte, l promLabels, _ float64) bool {
+	err := Scan([]byte(`m{engine="3",model_name="a\"b",big="1234567890",neg="-1",empty="",dup="1",dup="2"} 1`),
+		func(_ []byte, l Labels, _ float64) bool {
 			seen++
 			n, ok := l.Int("engine")
 			require.True(t, ok)
@@ -106,17 +108,17 @@ func TestPromLabelsAccessors(t *testing.T) {
 			require.False(t, ok)
 			_, ok = l.Int("absent")
 			require.False(t, ok)
-			v, ok := l.Get("model_name")
+			v, ok := l.get("model_name")
 			require.True(t, ok)
 			require.Equal(t, `a"b`, v)
-			v, ok = l.Get("dup")
+			v, ok = l.get("dup")
 			require.True(t, ok)
 			require.Equal(t, "1", v, "the first of duplicate labels wins")
 			require.True(t, l.Has("empty"))
 			require.False(t, l.Has("engin"))
-			require.Equal(t, 7, l.Len())
-			require.Equal(t, l.hash("model_name"), promLabels{raw: []byte(`model_name="a\"b"`)}.hash("model_name"))
-			require.NotEqual(t, l.hash("model_name"), l.hash("engine"))
+			require.Equal(t, 7, l.count())
+			require.Equal(t, l.Hash("model_name"), Labels{raw: []byte(`model_name="a\"b"`)}.Hash("model_name"))
+			require.NotEqual(t, l.Hash("model_name"), l.Hash("engine"))
 			return true
 		})
 	require.NoError(t, err)
@@ -125,7 +127,7 @@ func TestPromLabelsAccessors(t *testing.T) {
 
 func TestPromScanStopsEarly(t *testing.T) {
 	n := 0
-	err := scanPrometheus([]byte("a 1\nb 2\nthis is not a sample\n"), func([]byte, promLabels, float64) bool {
+	err := Scan([]byte("a 1\nb 2\nthis is not a sample\n"), func([]byte, Labels, float64) bool {
 		n++
 		return n < 2
 	})
@@ -161,22 +163,22 @@ func TestPromScanMalformed(t *testing.T) {
 	}
 	for what, text := range cases {
 		t.Run(what, func(t *testing.T) {
-			err := scanPrometheus([]byte(text), func([]byte, promLabels, float64) bool { return true })
+			err := Scan([]byte(text), func([]byte, Labels, float64) bool { return true })
 			require.Error(t, err)
-			require.True(t, errors.Is(err, ErrPromText))
-			var pe *promTextError
+			require.True(t, errors.Is(err, ErrMalformed))
+			var pe *lineError
 			require.True(t, errors.As(err, &pe))
 			require.Positive(t, pe.Line)
 			require.Contains(t, err.Error(), "line")
 		})
 	}
-	var pe *promTextError
-	err := scanPrometheus([]byte("# c\n\nok 1\nbad{\n"), func([]byte, promLabels, float64) bool { return true })
+	var pe *lineError
+	err := Scan([]byte("# c\n\nok 1\nbad{\n"), func([]byte, Labels, float64) bool { return true })
 	require.True(t, errors.As(err, &pe))
 	require.Equal(t, 4, pe.Line)
 }
 
-// The engines' own pages (testdata/engine, each naming its source) scan cleanly.
+// The engines' own pages (routing/testdata/engine, each naming its source) scan cleanly.
 func TestPromScanEnginePages(t *testing.T) {
 	for file, want := range map[string]int{
 		"vllm.txt": 14, "vllm_docs.txt": 2, "sglang.txt": 21, "trtllm.txt": 5, "trtllm_1.1.txt": 15,
@@ -198,11 +200,11 @@ func TestPromScanAllocs(t *testing.T) {
 	text := bytes.Repeat([]byte("vllm:num_requests_running{engine=\"1\",model_name=\"qwen\"} 5.0 1700000000000\n"), 64)
 	var sum float64
 	allocs := testing.AllocsPerRun(20, func() {
-		_ = scanPrometheus(text, func(name []byte, l promLabels, v float64) bool {
+		_ = Scan(text, func(name []byte, l Labels, v float64) bool {
 			if string(name) == "vllm:num_requests_running" {
 				r, _ := l.Int("engine")
-				m, _ := l.Get("model_name")
-				sum += v + float64(r) + float64(len(m)) + float64(l.hash("model_name")&1)
+				m, _ := l.get("model_name")
+				sum += v + float64(r) + float64(len(m)) + float64(l.Hash("model_name")&1)
 			}
 			return true
 		})
@@ -229,9 +231,9 @@ func TestPromScanLinear(t *testing.T) {
 	}
 	for what, page := range pages {
 		start := time.Now()
-		_ = scanPrometheus(page, func(_ []byte, l promLabels, _ float64) bool {
+		_ = Scan(page, func(_ []byte, l Labels, _ float64) bool {
 			l.Int("g")
-			l.Get("zz")
+			l.get("zz")
 			return true
 		})
 		require.Less(t, time.Since(start), 30*time.Second, what)
@@ -254,7 +256,7 @@ var promFuzzSeeds = []string{
 }
 
 // FuzzScanPrometheus: never panics; a page that scans cleanly holds only valid names
-// and label blocks; a page that does not fails with ErrPromText; samples are delivered
+// and label blocks; a page that does not fails with ErrMalformed; samples are delivered
 // in order and a prefix of samples survives a stop.
 func FuzzScanPrometheus(f *testing.F) {
 	for _, s := range promFuzzSeeds {
@@ -265,7 +267,7 @@ func FuzzScanPrometheus(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, text []byte) {
 		var names [][]byte
-		err := scanPrometheus(text, func(name []byte, l promLabels, _ float64) bool {
+		err := Scan(text, func(name []byte, l Labels, _ float64) bool {
 			if len(name) == 0 || !isMetricNameByte(name[0], false) {
 				t.Fatalf("invalid name %q", name)
 			}
@@ -277,25 +279,25 @@ func FuzzScanPrometheus(f *testing.F) {
 			n := 0
 			l.each(func(ln, _ []byte, _ bool) bool {
 				n++
-				if _, ok := l.Get(string(ln)); !ok {
+				if _, ok := l.get(string(ln)); !ok {
 					t.Fatalf("label %q not found again", ln)
 				}
 				l.Int(string(ln))
-				l.hash(string(ln))
+				l.Hash(string(ln))
 				return true
 			})
-			if n != l.Len() {
+			if n != l.count() {
 				t.Fatal("label count differs")
 			}
 			names = append(names, name)
 			return true
 		})
-		if err != nil && !errors.Is(err, ErrPromText) {
-			t.Fatalf("error %v does not wrap ErrPromText", err)
+		if err != nil && !errors.Is(err, ErrMalformed) {
+			t.Fatalf("error %v does not wrap ErrMalformed", err)
 		}
 		if len(names) > 0 {
 			stopped := 0
-			err2 := scanPrometheus(text, func([]byte, promLabels, float64) bool { stopped++; return false })
+			err2 := Scan(text, func([]byte, Labels, float64) bool { stopped++; return false })
 			if stopped != 1 || err2 != nil {
 				t.Fatalf("stop after the first sample: %d calls, %v", stopped, err2)
 			}
