@@ -5,6 +5,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/kvroute/kvroute/routing/jsonscan"
 	"github.com/tidwall/gjson"
 )
 
@@ -68,7 +69,7 @@ const (
 //
 // The body is read in one forward walk: the members Extract needs are decoded straight
 // into req.Prompt as they are met, and everything else is only skipped over. Its shape
-// is then checked once (jsonShapeOK: an object, balanced, strings closed, nesting
+// is then checked once (jsonscan.ShapeOK: an object, balanced, strings closed, nesting
 // bounded) rather than fully validated. It allocates only for a copy of req.Model and
 // to grow req.Prompt: the canonical prompt is appended to req.Prompt[:0], so a caller
 // that reuses one Request reuses one backing array. Nothing in req refers to body
@@ -121,7 +122,7 @@ func Extract(api API, body []byte, opt ExtractOptions, req *Request) error {
 	// A view of the body as a string, not a copy. Nothing taken from it outlives this
 	// call except through a copy (Model is cloned; text is appended to Prompt).
 	json := unsafe.String(unsafe.SliceData(body), len(body))
-	root := skipSpace(json, 0)
+	root := jsonscan.SkipSpace(json, 0)
 	if root >= len(json) || json[root] != '{' {
 		return errNotJSON
 	}
@@ -155,7 +156,7 @@ func readPrompt(api API, json string, root int, w *promptWriter, fields *bodyFie
 	// The walk comes first and remembers in w.spans the long strings it decoded, so the
 	// shape check after it jumps over them instead of scanning the prompt a second time.
 	top, err := readTopLevel(api, json, root, w, fields)
-	if !shapeOK(json, &w.spans) {
+	if !jsonscan.ShapeOK(json, &w.spans) {
 		return top, errNotJSON
 	}
 	if err != nil {
@@ -190,7 +191,7 @@ type topLevel struct {
 func readTopLevel(api API, json string, root int, w *promptWriter, fields *bodyFields) (topLevel, error) {
 	var top topLevel
 	for i := root + 1; ; {
-		k, v, _ := memberAt(json, i)
+		k, v, _ := jsonscan.MemberAt(json, i)
 		if v < 0 {
 			return top, nil
 		}
@@ -198,7 +199,7 @@ func readTopLevel(api API, json string, root int, w *promptWriter, fields *bodyF
 		var err error
 		switch {
 		case top.promptSeen:
-			e = valueEnd(json, v)
+			e = jsonscan.ValueEnd(json, v)
 		case api == APIChatCompletions && k == "messages":
 			e, err = w.chat(json, v)
 			top.promptSeen = true
@@ -206,7 +207,7 @@ func readTopLevel(api API, json string, root int, w *promptWriter, fields *bodyF
 			e, err = w.completion(json, v)
 			top.promptSeen = true
 		default:
-			e = valueEnd(json, v)
+			e = jsonscan.ValueEnd(json, v)
 		}
 		if err != nil {
 			return top, err
@@ -243,7 +244,7 @@ func setFirst(dst *string, v string) {
 // modelName is the text of the raw JSON model member: a fresh string, empty unless
 // the member is a string.
 func modelName(raw string) string {
-	if !isString(raw) {
+	if !jsonscan.IsString(raw) {
 		return ""
 	}
 	if m := raw[1 : len(raw)-1]; strings.IndexByte(m, '\\') < 0 {

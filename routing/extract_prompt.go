@@ -1,13 +1,15 @@
 package routing
 
+import "github.com/kvroute/kvroute/routing/jsonscan"
+
 // promptWriter appends the canonical prompt of a request (docs/behaviour.md, Reading
 // the request) and measures it for the token estimate. Its methods read JSON text s
 // from the value that starts at s[v] and return where that value ends.
 type promptWriter struct {
 	buf    []byte
-	spans  stringSpans // the long strings decoded from the body, for the shape check to jump over
-	inCopy bool        // reading a copy of a member, whose positions are not the body's
-	lines  int         // lines begun; every line but the first starts with "\n"
+	spans  jsonscan.Spans // the long strings decoded from the body, for the shape check to jump over
+	inCopy bool           // reading a copy of a member, whose positions are not the body's
+	lines  int            // lines begun; every line but the first starts with "\n"
 
 	raw    int  // bytes appended that are not text: raw JSON parts, items and tool calls
 	unkept int  // text bytes counted but not appended: a batch's strings after the first
@@ -25,7 +27,7 @@ func (w *promptWriter) estimate(charsPerToken, blockTokens int) (blockBytes, tok
 }
 
 // bodySpans is where to record the strings decoded from s: nil while s is a copy.
-func (w *promptWriter) bodySpans() *stringSpans {
+func (w *promptWriter) bodySpans() *jsonscan.Spans {
 	if w.inCopy {
 		return nil
 	}
@@ -43,8 +45,8 @@ func (w *promptWriter) newLine() {
 // roleLine begins the line role + ":" (role is raw JSON; not a string: empty).
 func (w *promptWriter) roleLine(role string) {
 	w.newLine()
-	if isString(role) {
-		w.buf, _ = appendString(w.buf, role, 0)
+	if jsonscan.IsString(role) {
+		w.buf, _ = jsonscan.AppendString(w.buf, role, 0)
 	}
 	w.buf = append(w.buf, ':')
 }
@@ -61,7 +63,7 @@ func (w *promptWriter) chat(s string, v int) (end int, err error) {
 		return 0, errMessages
 	}
 	for i := v + 1; ; {
-		m, end := elementAt(s, i)
+		m, end := jsonscan.ElementAt(s, i)
 		if m < 0 {
 			return end, nil
 		}
@@ -89,14 +91,14 @@ func (w *promptWriter) readMessage(s string, m int) message {
 	var msg message
 	contentSeen := false
 	for i := m + 1; ; {
-		k, v, close := memberAt(s, i)
+		k, v, close := jsonscan.MemberAt(s, i)
 		if v < 0 {
 			msg.end = close
 			return msg
 		}
 		switch {
 		case k == "role" && msg.role == "":
-			i = valueEnd(s, v)
+			i = jsonscan.ValueEnd(s, v)
 			msg.role = s[v:i]
 		case k == "content" && !contentSeen && msg.role != "" && (s[v] == '"' || s[v] == '['):
 			contentSeen, msg.inPlace = true, true
@@ -104,13 +106,13 @@ func (w *promptWriter) readMessage(s string, m int) message {
 			i = w.content(s, v, w.bodySpans())
 		case k == "content" && !contentSeen:
 			contentSeen = true
-			i = valueEnd(s, v)
+			i = jsonscan.ValueEnd(s, v)
 			msg.content = s[v:i]
 		case k == "tool_calls" && msg.toolCalls == "":
-			i = valueEnd(s, v)
+			i = jsonscan.ValueEnd(s, v)
 			msg.toolCalls = s[v:i]
 		default:
-			i = valueEnd(s, v)
+			i = jsonscan.ValueEnd(s, v)
 		}
 	}
 }
@@ -120,7 +122,7 @@ func (w *promptWriter) chatMessage(s string, m int) (end int, err error) {
 	msg := w.readMessage(s, m)
 	switch {
 	case msg.inPlace:
-	case isString(msg.content) || isArray(msg.content):
+	case jsonscan.IsString(msg.content) || jsonscan.IsArray(msg.content):
 		w.roleLine(msg.role)
 		w.content(msg.content, 0, nil) // msg.content is a copy
 	case msg.content == "" || msg.content == "null":
@@ -128,7 +130,7 @@ func (w *promptWriter) chatMessage(s string, m int) (end int, err error) {
 	default:
 		return 0, errContent
 	}
-	if isArray(msg.toolCalls) || isObject(msg.toolCalls) {
+	if jsonscan.IsArray(msg.toolCalls) || jsonscan.IsObject(msg.toolCalls) {
 		w.appendRaw(msg.toolCalls)
 	}
 	return msg.end, nil
@@ -140,7 +142,7 @@ func (w *promptWriter) inputItem(s string, p int) (end int) {
 	msg := w.readMessage(s, p)
 	switch {
 	case msg.inPlace:
-	case isString(msg.content) || isArray(msg.content):
+	case jsonscan.IsString(msg.content) || jsonscan.IsArray(msg.content):
 		w.roleLine(msg.role)
 		w.content(msg.content, 0, nil) // msg.content is a copy
 	default:
@@ -153,14 +155,14 @@ func (w *promptWriter) inputItem(s string, p int) (end int) {
 // content appends the message content at s[v], a string or an array of parts: a part
 // whose first "text" member is a string is text, any other part is appended as its
 // raw JSON. spans is nil when s is a copy of a member.
-func (w *promptWriter) content(s string, v int, spans *stringSpans) (end int) {
+func (w *promptWriter) content(s string, v int, spans *jsonscan.Spans) (end int) {
 	if s[v] == '"' {
-		w.buf, end = appendString(w.buf, s, v)
-		spans.add(v, end)
+		w.buf, end = jsonscan.AppendString(w.buf, s, v)
+		spans.Add(v, end)
 		return end
 	}
 	for i := v + 1; ; {
-		p, end := elementAt(s, i)
+		p, end := jsonscan.ElementAt(s, i)
 		if p < 0 {
 			return end
 		}
@@ -168,7 +170,7 @@ func (w *promptWriter) content(s string, v int, spans *stringSpans) (end int) {
 		if s[p] == '{' {
 			isText, i = w.textPart(s, p)
 		} else {
-			i = valueEnd(s, p)
+			i = jsonscan.ValueEnd(s, p)
 		}
 		if !isText {
 			w.appendRaw(s[p:i])
@@ -181,19 +183,19 @@ func (w *promptWriter) content(s string, v int, spans *stringSpans) (end int) {
 func (w *promptWriter) textPart(s string, p int) (isText bool, end int) {
 	textSeen := false
 	for i := p + 1; ; {
-		k, v, close := memberAt(s, i)
+		k, v, close := jsonscan.MemberAt(s, i)
 		if v < 0 {
 			return isText, close
 		}
 		if k == "text" && !textSeen {
 			textSeen = true
 			if s[v] == '"' {
-				w.buf, i = appendString(w.buf, s, v)
+				w.buf, i = jsonscan.AppendString(w.buf, s, v)
 				isText = true
 				continue
 			}
 		}
-		i = valueEnd(s, v)
+		i = jsonscan.ValueEnd(s, v)
 	}
 }
 
@@ -202,8 +204,8 @@ func (w *promptWriter) textPart(s string, p int) (isText bool, end int) {
 func (w *promptWriter) completion(s string, v int) (end int, err error) {
 	switch s[v] {
 	case '"':
-		w.buf, end = appendString(w.buf, s, v)
-		w.bodySpans().add(v, end)
+		w.buf, end = jsonscan.AppendString(w.buf, s, v)
+		w.bodySpans().Add(v, end)
 		return end, nil
 	case '[':
 		return w.completionArray(s, v)
@@ -217,7 +219,7 @@ func (w *promptWriter) completion(s string, v int) (end int, err error) {
 func (w *promptWriter) completionArray(s string, v int) (end int, err error) {
 	var kind byte // of the elements: '"' strings, '0' token ids, '[' arrays of token ids
 	for i := v + 1; ; {
-		p, end := elementAt(s, i)
+		p, end := jsonscan.ElementAt(s, i)
 		if p < 0 {
 			w.isIDs = kind == '0' || kind == '['
 			return end, nil
@@ -235,7 +237,7 @@ func (w *promptWriter) completionArray(s string, v int) (end int, err error) {
 			return 0, errPrompt
 		case k == '"':
 			mark := len(w.buf)
-			w.buf, i = appendString(w.buf, s, p)
+			w.buf, i = jsonscan.AppendString(w.buf, s, p)
 			if !first { // only the first string is hashed
 				w.unkept += len(w.buf) - mark
 				w.buf = w.buf[:mark]
@@ -257,7 +259,7 @@ func (w *promptWriter) completionArray(s string, v int) (end int, err error) {
 
 // tokenID appends the token id at s[p].
 func (w *promptWriter) tokenID(s string, p int) (end int, err error) {
-	end = valueEnd(s, p)
+	end = jsonscan.ValueEnd(s, p)
 	id, ok := parseTokenID(s[p:end])
 	if !ok {
 		return 0, errTokenID
@@ -270,7 +272,7 @@ func (w *promptWriter) tokenID(s string, p int) (end int, err error) {
 // tokenIDs appends the array of token ids at s[p].
 func (w *promptWriter) tokenIDs(s string, p int) (end int, err error) {
 	for j := p + 1; ; {
-		q, qend := elementAt(s, j)
+		q, qend := jsonscan.ElementAt(s, j)
 		if q < 0 {
 			return qend, nil
 		}
@@ -284,11 +286,11 @@ func (w *promptWriter) tokenIDs(s string, p int) (end int, err error) {
 // each.
 func countTokenIDs(s string, p int, n *int) (end int, err error) {
 	for j := p + 1; ; {
-		q, qend := elementAt(s, j)
+		q, qend := jsonscan.ElementAt(s, j)
 		if q < 0 {
 			return qend, nil
 		}
-		j = valueEnd(s, q)
+		j = jsonscan.ValueEnd(s, q)
 		if _, ok := parseTokenID(s[q:j]); !ok {
 			return 0, errTokenID
 		}
@@ -323,22 +325,22 @@ func (w *promptWriter) responses(instructions, input string) error {
 	w.inCopy = true
 	switch {
 	case instructions == "" || instructions == "null":
-	case isString(instructions):
+	case jsonscan.IsString(instructions):
 		w.roleLine(`"` + instructionsRole + `"`)
-		w.buf, _ = appendString(w.buf, instructions, 0)
+		w.buf, _ = jsonscan.AppendString(w.buf, instructions, 0)
 	default:
 		return errInstructions
 	}
-	if isString(input) {
+	if jsonscan.IsString(input) {
 		w.roleLine(`"` + stringInputRole + `"`)
-		w.buf, _ = appendString(w.buf, input, 0)
+		w.buf, _ = jsonscan.AppendString(w.buf, input, 0)
 		return nil
 	}
-	if !isArray(input) {
+	if !jsonscan.IsArray(input) {
 		return errInput
 	}
 	for i := 1; ; {
-		p, _ := elementAt(input, i)
+		p, _ := jsonscan.ElementAt(input, i)
 		if p < 0 {
 			return nil
 		}

@@ -531,3 +531,11 @@ func benchmarkExtractChat(b *testing.B, size int) {
 
 func BenchmarkExtractChat4KiB(b *testing.B)   { benchmarkExtractChat(b, 4<<10) }
 func BenchmarkExtractChat256KiB(b *testing.B) { benchmarkExtractChat(b, 256<<10) }
+
+func TestHugeNestingCostsBoundedWork(t *testing.T) {
+	// 1 MiB of '[': refused at depth jsonscan.MaxDepth, without walking the rest.
+	body := `{"messages":` + strings.Repeat("[", 1<<20) + `}`
+	var req Request
+	err := Extract(APIChatCompletions, []byte(body), ExtractOptions{CharsPerToken: 4, BlockTokens: 16}, &req)
+	assert.ErrorIs(t, err, ErrUnparsable)
+}

@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/kvroute/kvroute/routing/jsonscan"
 	"github.com/tidwall/gjson"
 )
 
@@ -335,7 +336,7 @@ func jsonObject(body []byte) (string, bool) {
 	s := bytesToString(body)
 	// The shape check first: it bounds the nesting, so gjson's recursive validation
 	// can never run the stack out (in wasm a stack overflow is a trap, not a panic).
-	if !jsonShapeOK(s) || !gjson.Valid(s) {
+	if !jsonscan.ShapeOK(s, nil) || !gjson.Valid(s) {
 		return "", false
 	}
 	if !gjson.Parse(s).IsObject() {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/jsonscan"
 	"github.com/tidwall/gjson"
 )
 
@@ -64,9 +65,9 @@ func pdCheckOutput(t *testing.T, name string, body, keep, out []byte, err error)
 
 // pdValidObject reports whether body is the kind of body the builders must accept.
 // pdValidObject says a body must be accepted: a JSON object no deeper than the
-// nesting bound (deeper ones are refused on purpose: jsonShapeOK).
+// nesting bound (deeper ones are refused on purpose: jsonscan.ShapeOK).
 func pdValidObject(body []byte) bool {
-	return json.Valid(body) && gjson.ParseBytes(body).IsObject() && jsonShapeOK(string(body))
+	return json.Valid(body) && gjson.ParseBytes(body).IsObject() && jsonscan.ShapeOK(string(body), nil)
 }
 
 func FuzzVLLMPrefillBody(f *testing.F) {

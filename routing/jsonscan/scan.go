@@ -1,4 +1,10 @@
-package routing
+// Package jsonscan reads JSON text in place, from an index into it, without building a
+// tree or copying what it does not return: the router reads a few members of request
+// bodies that are mostly one long prompt, and a full decoder would spend most of its time
+// and memory on that prompt. It checks no more syntax than its caller needs (ShapeOK
+// checks the overall shape once), but never indexes out of range nor loops on any input:
+// a value that is not closed ends at the end of the text.
+package jsonscan
 
 import (
 	"math/bits"
@@ -9,28 +15,30 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// The functions below read JSON text s from an index into it. They check no more
-// syntax than their caller needs (jsonShapeOK checks the shape), but they never index
-// out of range nor loop on any input: a value that is not closed ends at len(s).
+// IsString reports whether the raw JSON value raw is a string.
+func IsString(raw string) bool { return raw != "" && raw[0] == '"' }
 
-func isString(raw string) bool { return raw != "" && raw[0] == '"' }
-func isArray(raw string) bool  { return raw != "" && raw[0] == '[' }
-func isObject(raw string) bool { return raw != "" && raw[0] == '{' }
+// IsArray reports whether the raw JSON value raw is an array.
+func IsArray(raw string) bool { return raw != "" && raw[0] == '[' }
 
-func skipSpace(s string, i int) int {
+// IsObject reports whether the raw JSON value raw is an object.
+func IsObject(raw string) bool { return raw != "" && raw[0] == '{' }
+
+// SkipSpace returns the index of the first byte at or after s[i] that is not white space.
+func SkipSpace(s string, i int) int {
 	for i < len(s) && s[i] <= ' ' {
 		i++
 	}
 	return i
 }
 
-// memberAt reads the next member of an object, at or after s[i] (just past "{" or
+// MemberAt reads the next member of an object, at or after s[i] (just past "{" or
 // past the previous member's value). It returns the unescaped key and where the
 // value starts; after the last member v is -1 and end is just past "}".
-func memberAt(s string, i int) (key string, v, end int) {
-	i = skipSpace(s, i)
+func MemberAt(s string, i int) (key string, v, end int) {
+	i = SkipSpace(s, i)
 	if i < len(s) && s[i] == ',' {
-		i = skipSpace(s, i+1)
+		i = SkipSpace(s, i+1)
 	}
 	if i >= len(s) || s[i] != '"' {
 		return "", -1, min(i+1, len(s))
@@ -40,9 +48,9 @@ func memberAt(s string, i int) (key string, v, end int) {
 	if strings.IndexByte(key, '\\') >= 0 {
 		key = gjson.Parse(s[i:e]).Str // rare: an escaped key
 	}
-	i = skipSpace(s, e)
+	i = SkipSpace(s, e)
 	if i < len(s) && s[i] == ':' {
-		i = skipSpace(s, i+1)
+		i = SkipSpace(s, i+1)
 	}
 	if i >= len(s) {
 		return "", -1, len(s)
@@ -50,13 +58,13 @@ func memberAt(s string, i int) (key string, v, end int) {
 	return key, i, 0
 }
 
-// elementAt reads the next element of an array, at or after s[i] (just past "[" or
+// ElementAt reads the next element of an array, at or after s[i] (just past "[" or
 // past the previous element). It returns where the element starts; after the last
 // element v is -1 and end is just past "]".
-func elementAt(s string, i int) (v, end int) {
-	i = skipSpace(s, i)
+func ElementAt(s string, i int) (v, end int) {
+	i = SkipSpace(s, i)
 	if i < len(s) && s[i] == ',' {
-		i = skipSpace(s, i+1)
+		i = SkipSpace(s, i+1)
 	}
 	if i >= len(s) || s[i] == ']' {
 		return -1, min(i+1, len(s))
@@ -64,9 +72,9 @@ func elementAt(s string, i int) (v, end int) {
 	return i, 0
 }
 
-// valueEnd returns where the value that starts at s[i] ends: always past i (when
+// ValueEnd returns where the value that starts at s[i] ends: always past i (when
 // i < len(s)) and at most len(s).
-func valueEnd(s string, i int) int {
+func ValueEnd(s string, i int) int {
 	if i >= len(s) {
 		return len(s)
 	}
@@ -117,10 +125,10 @@ func stringEnd(s string, i int) int {
 	return len(s)
 }
 
-// appendString appends the unescaped text of the JSON string that starts at
+// AppendString appends the unescaped text of the JSON string that starts at
 // s[i] == '"', decoding escapes as gjson does, and returns the index just past it.
 // It finds the end and decodes in one pass.
-func appendString(dst []byte, s string, i int) (_ []byte, end int) {
+func AppendString(dst []byte, s string, i int) (_ []byte, end int) {
 	i++
 	for i < len(s) {
 		j := quoteOrEscape(s, i)

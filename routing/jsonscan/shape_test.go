@@ -1,4 +1,4 @@
-package routing
+package jsonscan
 
 import (
 	"strings"
@@ -22,17 +22,9 @@ func TestJSONShape(t *testing.T) {
 		`{"a":1} x`:                false,
 		"{\"a\":\x01}":             false,
 		``:                         false,
-		strings.Repeat(`{"a":`, 300) + `1` + strings.Repeat(`}`, 300): false, // deeper than maxJSONDepth
+		strings.Repeat(`{"a":`, 300) + `1` + strings.Repeat(`}`, 300): false, // deeper than MaxDepth
 		strings.Repeat(`{"a":`, 200) + `1` + strings.Repeat(`}`, 200): true,
 	} {
-		assert.Equal(t, want, jsonShapeOK(body), "%.60q", body)
+		assert.Equal(t, want, ShapeOK(body, nil), "%.60q", body)
 	}
-}
-
-func TestHugeNestingCostsBoundedWork(t *testing.T) {
-	// 1 MiB of '[': refused at depth maxJSONDepth, without walking the rest.
-	body := `{"messages":` + strings.Repeat("[", 1<<20) + `}`
-	var req Request
-	err := Extract(APIChatCompletions, []byte(body), ExtractOptions{CharsPerToken: 4, BlockTokens: 16}, &req)
-	assert.ErrorIs(t, err, ErrUnparsable)
 }

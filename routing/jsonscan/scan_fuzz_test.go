@@ -1,0 +1,66 @@
+package jsonscan
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+)
+
+var scanSeeds = []string{
+	``,
+	`{}`,
+	`{"a":1,"b":[1,2,{"c":"d"}],"e":null}`,
+	`{"m\u0065ssages":[{"r\u006fle":"user","content":"escaped keys"}],"model":"a\"b"}`,
+	`"Hi \"there\"\n\u00e9\ud83d\ude00"`,
+	`"\ud83d"`,
+	`"\ud83d\u0"`,
+	`"\u00"`,
+	`"a\\"`,
+	`"open`,
+	`{"a":"x\\\"y"}`,
+	`[[[[1]]]],`,
+	`{"a" "b"}`,
+	"{\"a\":\x01}",
+	` {"k" : [ 1 , "two" , { } ] } `,
+	`{"prompt":[1.5, 1e3, -0, 4294967295]}`,
+}
+
+// FuzzScan: on any text, even text that is not JSON, the readers never index out of
+// range and always move forward; a string decodes to where stringEnd says it ends, and
+// a valid JSON string decodes as gjson decodes it. (The shape check with spans is
+// fuzzed by routing's FuzzExtract, whose walk makes the spans.)
+func FuzzScan(f *testing.F) {
+	for _, s := range scanSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		for i := 0; i < len(s) && i < 64; i++ {
+			if e := ValueEnd(s, i); e <= i || e > len(s) {
+				t.Fatalf("ValueEnd(%q, %d) = %d", s, i, e)
+			}
+			if _, v, end := MemberAt(s, i); v >= len(s) || (v < 0 && (end <= 0 || end > len(s))) {
+				t.Fatalf("MemberAt(%q, %d) = %d, %d", s, i, v, end)
+			}
+			if v, end := ElementAt(s, i); v >= len(s) || (v < 0 && (end <= 0 || end > len(s))) {
+				t.Fatalf("ElementAt(%q, %d) = %d, %d", s, i, v, end)
+			}
+			if s[i] == '"' {
+				// ShapeOK may jump over a string a walk decoded: both must agree on
+				// where every string ends.
+				if _, end := AppendString(nil, s, i); end != stringEnd(s, i) {
+					t.Fatalf("AppendString(%q, %d) ends at %d, stringEnd at %d", s, i, end, stringEnd(s, i))
+				}
+			}
+		}
+		_ = ShapeOK(s, nil)
+
+		// Strings decode as gjson decodes them.
+		if len(s) > 0 && s[0] == '"' && gjson.Valid(s) {
+			got, end := AppendString(nil, s, 0)
+			if want := gjson.Parse(s).Str; string(got) != want || end != len(strings.TrimRight(s, " \t\r\n")) {
+				t.Fatalf("AppendString(%q) = %q, %d; want %q", s, got, end, want)
+			}
+		}
+	})
+}
