@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
@@ -68,7 +69,7 @@ func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (ac
 	}
 	c.phase, c.api = phaseAwaitingBody, api
 	if h.conversation != "" {
-		c.req.Conversation, c.req.HasConversation = routing.FingerprintString(h.conversation), true
+		c.req.Conversation, c.req.HasConversation = hashx.FingerprintString(h.conversation), true
 	}
 	if c.decidedByHeaders(h.contentLength, endOfStream) {
 		c.decide(nil)
@@ -195,11 +196,11 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 	}
 	switch {
 	case c.requestID != "":
-		c.req.Identity = routing.FingerprintString(c.requestID)
+		c.req.Identity = hashx.FingerprintString(c.requestID)
 	case body != nil:
 		// Envoy gives every request an x-request-id; without one, the body's head and
 		// length seed the tie-break well enough, at a bounded cost.
-		c.req.Identity = routing.Fingerprint(body[:min(len(body), 4096)]) ^ uint64(len(body))*0x9e3779b97f4a7c15
+		c.req.Identity = hashx.Fingerprint(body[:min(len(body), 4096)]) ^ uint64(len(body))*0x9e3779b97f4a7c15
 	default:
 		c.req.Identity = c.req.Conversation
 	}

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -92,7 +93,7 @@ func TestTieBreakIsDeterministicAcrossRouters(t *testing.T) {
 	b := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	spread := map[string]bool{}
 	for i := 0; i < 50; i++ {
-		req := &Request{Tokens: 100, Identity: FingerprintString(fmt.Sprint("req-", i))}
+		req := &Request{Tokens: 100, Identity: hashx.FingerprintString(fmt.Sprint("req-", i))}
 		da, db := a.Decide(req, NoRank), b.Decide(req, NoRank)
 		assert.Equal(t, da.Target.ID, db.Target.ID)
 		spread[da.Target.Address] = true

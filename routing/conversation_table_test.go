@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -30,7 +31,7 @@ func TestConversationTableIsBoundedUnder100kIDs(t *testing.T) {
 	const maxSessions = 4096
 	tab := NewConversationTable(store, "kvroute", "decode", maxSessions, 8)
 	for i := 0; i < 100_000; i++ {
-		require.NoError(t, tab.Record(FingerprintString("conv-"+strconv.Itoa(i)), uint64(i%7)))
+		require.NoError(t, tab.Record(hashx.FingerprintString("conv-"+strconv.Itoa(i)), uint64(i%7)))
 	}
 	keys, bytes := store.Footprint()
 	assert.Equal(t, maxSessions/conversationBucketSize, keys)
@@ -40,10 +41,10 @@ func TestConversationTableIsBoundedUnder100kIDs(t *testing.T) {
 	// The most recent ids are still there; the oldest are gone.
 	recent, old := 0, 0
 	for i := 0; i < 1000; i++ {
-		if _, ok, _ := tab.Lookup(FingerprintString("conv-" + strconv.Itoa(99_999-i))); ok {
+		if _, ok, _ := tab.Lookup(hashx.FingerprintString("conv-" + strconv.Itoa(99_999-i))); ok {
 			recent++
 		}
-		if _, ok, _ := tab.Lookup(FingerprintString("conv-" + strconv.Itoa(i))); ok {
+		if _, ok, _ := tab.Lookup(hashx.FingerprintString("conv-" + strconv.Itoa(i))); ok {
 			old++
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/tidwall/gjson"
 )
 
@@ -332,7 +333,7 @@ const (
 func NewEndpointBoard(s Store, namespace, pool string, d DiscoveryConfig, retries int) *EndpointBoard {
 	key := namespace + "/disc/" + pool
 	return &EndpointBoard{store: s, key: key, genKey: key + "/gen", retries: retries,
-		source: FingerprintString(d.Source + "\x00" + d.Cluster + "\x00" + d.ServiceCluster + "\x00" + d.Path)}
+		source: hashx.FingerprintString(d.Source + "\x00" + d.Cluster + "\x00" + d.ServiceCluster + "\x00" + d.Path)}
 }
 
 // NewDiscoveryLease returns the lease that makes one VM at a time poll a pool's source:

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/kvroute/kvroute/routing/jsonscan"
 	"github.com/tidwall/gjson"
 )
@@ -143,7 +144,7 @@ func Extract(api API, body []byte, opt ExtractOptions, req *Request) error {
 	req.Stream = top.stream == "true"
 	if fields != nil {
 		if id, ok := fields.conversationID(json, opt.BodyFields); ok {
-			req.Conversation = FingerprintString(id)
+			req.Conversation = hashx.FingerprintString(id)
 			req.HasConversation = true
 		}
 	}

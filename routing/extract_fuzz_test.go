@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/kvroute/kvroute/routing/jsonscan"
 	"github.com/tidwall/gjson"
 )
@@ -218,7 +219,7 @@ func refExtract(api API, body []byte, opt ExtractOptions, req *Request) error {
 				if v.Type == gjson.Number {
 					id = v.Raw
 				}
-				req.Conversation, req.HasConversation = FingerprintString(id), true
+				req.Conversation, req.HasConversation = hashx.FingerprintString(id), true
 				break
 			}
 		}

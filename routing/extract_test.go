@@ -7,6 +7,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -298,7 +299,7 @@ func TestExtractMultimodalImagesDiffer(t *testing.T) {
 
 func TestExtractConversation(t *testing.T) {
 	opt := defaultExtractOptions()
-	fp := FingerprintString
+	fp := hashx.FingerprintString
 	tests := []struct {
 		name   string
 		body   string

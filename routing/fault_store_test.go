@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -109,7 +110,7 @@ func faultRequest(i int) *Request {
 		Identity:   uint64(i) * 0x9e3779b97f4a7c15,
 	}
 	if i%2 == 0 {
-		req.Conversation, req.HasConversation = FingerprintString(fmt.Sprint("conv-", i%20)), true
+		req.Conversation, req.HasConversation = hashx.FingerprintString(fmt.Sprint("conv-", i%20)), true
 	}
 	return req
 }

@@ -3,6 +3,8 @@ package routing
 import (
 	"strconv"
 	"strings"
+
+	"github.com/kvroute/kvroute/routing/hashx"
 )
 
 // Fleets picks the Router that serves a request's model (docs/behaviour.md, Several
@@ -36,7 +38,7 @@ type fleetPrefix struct {
 // by the name, not the position, so adding or removing other fleets keeps its state.
 // "/" cannot occur in state.namespace, so it never meets another filter's keys.
 func FleetNamespace(namespace, name string) string {
-	return namespace + "/m/" + strconv.FormatUint(FingerprintString(name), 16)
+	return namespace + "/m/" + strconv.FormatUint(hashx.FingerprintString(name), 16)
 }
 
 // NewFleets builds the default fleet over cfg and one fleet per cfg.Models entry.

@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/kvroute/kvroute/routing/jsonscan"
 	"github.com/tidwall/gjson"
 )
@@ -218,7 +219,7 @@ func SGLangBootstrapBody(body []byte, host string, port int, room uint64) ([]byt
 // value (SGLang draws rooms from [0, 2^63)), the same for the same identity on every VM and
 // replica. It is the splitmix64 step: the finaliser over identity + the golden gamma.
 func BootstrapRoom(identity uint64) uint64 {
-	room := mix64(identity+0x9e3779b97f4a7c15) & maxBootstrapRoom
+	room := hashx.Mix64(identity+0x9e3779b97f4a7c15) & maxBootstrapRoom
 	if room == 0 {
 		return defaultBootstrapRoom
 	}

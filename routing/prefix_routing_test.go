@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -225,7 +226,7 @@ func TestMatchedTokensOfAStickyConversation(t *testing.T) {
 	history := words(rng, 4000)
 	req := func(text string) *Request {
 		q := textRequest(text, uint64(len(text)))
-		q.Conversation, q.HasConversation = FingerprintString("c"), true
+		q.Conversation, q.HasConversation = hashx.FingerprintString("c"), true
 		return q
 	}
 	first := r.Decide(req(history), NoRank)
@@ -242,7 +243,7 @@ func TestUncachedOnlyDisaggregatesANewConversation(t *testing.T) {
 	r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(5))
 	q := textRequest(words(rng, 4000), 1)
-	q.Conversation, q.HasConversation = FingerprintString("new"), true
+	q.Conversation, q.HasConversation = hashx.FingerprintString("new"), true
 	d := r.Decide(q, NoRank)
 	assert.Equal(t, KindNewConversation, d.Kind)
 	assert.Equal(t, PDDisaggregated, d.PD, "the request's own prefix record is not a cache hit")

@@ -4,6 +4,7 @@ import (
 	"math/rand"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -92,7 +93,7 @@ func TestMappedTargetAtTheCapKeepsATurnWhileItIsTheCheapest(t *testing.T) {
 	for _, inPrefill := range []bool{false, true} {
 		r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 		req := textRequest(history, 1)
-		req.Conversation, req.HasConversation = FingerprintString("c"), true
+		req.Conversation, req.HasConversation = hashx.FingerprintString("c"), true
 		first := r.Decide(req, NoRank)
 		require.Equal(t, KindNewConversation, first.Kind)
 		require.NoError(t, r.FirstChunk(&first.Ticket))
@@ -128,7 +129,7 @@ func TestAnOverflowWeighsTheTurnItsMappingMustComputeAgain(t *testing.T) {
 	system := words(rng, 4096)
 	turn := func(conv, text string, id uint64) Decision {
 		req := textRequest(text, id)
-		req.Conversation, req.HasConversation = FingerprintString(conv), true
+		req.Conversation, req.HasConversation = hashx.FingerprintString(conv), true
 		return r.Decide(req, NoRank)
 	}
 	done := func(d Decision) {

@@ -2,6 +2,8 @@ package routing
 
 import (
 	"math"
+
+	"github.com/kvroute/kvroute/routing/hashx"
 )
 
 // Router makes every routing decision of one plugin instance. Its state lives in a
@@ -114,7 +116,7 @@ func (ps *poolState) setTargets(eps []Endpoint) {
 	ps.candBuf = make([]int, 0, n)
 	ps.endpointFP = ps.endpointFP[:0]
 	for _, e := range eps {
-		ps.endpointFP = append(ps.endpointFP, FingerprintString(e.Address))
+		ps.endpointFP = append(ps.endpointFP, hashx.FingerprintString(e.Address))
 	}
 }
 
@@ -350,7 +352,7 @@ func tieBefore(identity uint64, a *Target, la Load, b *Target, lb Load) bool {
 	if la.Tokens != lb.Tokens {
 		return la.Tokens < lb.Tokens
 	}
-	return rendezvousScore(identity, a.ID) > rendezvousScore(identity, b.ID)
+	return hashx.RendezvousScore(identity, a.ID) > hashx.RendezvousScore(identity, b.ID)
 }
 
 // leastLoaded returns the candidates with the lowest load by balance.load_metric.
@@ -385,7 +387,7 @@ func (r *Router) roundRobin(p *poolState, cands []int) (int, error) {
 func rendezvous(p *poolState, cands []int, key uint64) int {
 	best, bestScore := -1, uint64(0)
 	for _, i := range cands {
-		s := rendezvousScore(key, p.targets.Targets[i].ID)
+		s := hashx.RendezvousScore(key, p.targets.Targets[i].ID)
 		if best < 0 || s > bestScore {
 			best, bestScore = i, s
 		}
@@ -872,7 +874,7 @@ func (r *Router) ReportHealth(t Target, prefill bool, failed bool) (bool, error)
 	if t.Address == "" {
 		return false, nil // a pass-through decision: no target served
 	}
-	return p.health.Report(FingerprintString(t.Address), failed, r.now())
+	return p.health.Report(hashx.FingerprintString(t.Address), failed, r.now())
 }
 
 // cacheClocks is prefix.target_cache_tokens in write-clock units (blocks); 0 when

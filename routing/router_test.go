@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -23,7 +24,7 @@ func testConfig(t testing.TB, extra string) *Config {
 }
 
 func convRequest(id string) *Request {
-	return &Request{Conversation: FingerprintString(id), HasConversation: true, Tokens: 10, Identity: FingerprintString("r-" + id)}
+	return &Request{Conversation: hashx.FingerprintString(id), HasConversation: true, Tokens: 10, Identity: hashx.FingerprintString("r-" + id)}
 }
 
 func TestStickyAfterFirstTurn(t *testing.T) {

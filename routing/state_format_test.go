@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -64,7 +65,7 @@ func sfGet(t *testing.T, s Store, key string) []byte {
 
 func TestStateFormatConversationBucket(t *testing.T) {
 	cfg := testConfig(t, `,"conversation":{"max_sessions":64}`)
-	id := FingerprintString("conv-a")
+	id := hashx.FingerprintString("conv-a")
 	for _, f := range append([]byte{conversationFormat}, sfUnknownFormats...) {
 		t.Run(fmt.Sprint("format ", f), func(t *testing.T) {
 			store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
@@ -149,7 +150,7 @@ func TestStateFormatHealth(t *testing.T) {
 			r := NewRouter(cfg, store, clock.now)
 			first := r.DecodeTargets()[0]
 			key := "kvroute/health/decode"
-			sfStore(t, store, key, sfHealth(f, FingerprintString(first.Address), clock.ms+1e6))
+			sfStore(t, store, key, sfHealth(f, hashx.FingerprintString(first.Address), clock.ms+1e6))
 			seen := map[string]bool{}
 			for i := 0; i < 30; i++ {
 				d := r.Decide(&Request{Tokens: 10, Identity: uint64(i)}, NoRank)

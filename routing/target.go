@@ -1,6 +1,9 @@
 package routing
 
-import "strconv"
+import (
+	"github.com/kvroute/kvroute/routing/hashx"
+	"strconv"
+)
 
 // Target is one (endpoint, DP rank) pair: the unit every decision, ledger entry and
 // mapping is kept for. Its ID is a fingerprint of "address#rank", never a position in
@@ -24,7 +27,7 @@ type Target struct {
 
 // TargetID is the stable identity of (address, rank).
 func TargetID(address string, rank int) uint64 {
-	return FingerprintString(address + "#" + strconv.Itoa(rank))
+	return hashx.FingerprintString(address + "#" + strconv.Itoa(rank))
 }
 
 // PoolTargets lists a pool's targets endpoint-first — e0r0, e1r0, e2r0, …, e0r1, e1r1,

@@ -1,6 +1,9 @@
 package routing
 
-import "sync/atomic"
+import (
+	"github.com/kvroute/kvroute/routing/hashx"
+	"sync/atomic"
+)
 
 // nextVMIdentity is where every identity a VM shows in shared state comes from: its
 // prefix journals' slots and its scrape and discovery leases. The filter seeds it
@@ -17,5 +20,5 @@ func SetVMIdentitySeed(seed uint64) {
 
 // NewVMIdentity returns a fresh identity, never 0 (0 marks a free journal slot).
 func NewVMIdentity() uint64 {
-	return mix64(nextVMIdentity.Add(0x9e3779b97f4a7c15)) | 1
+	return hashx.Mix64(nextVMIdentity.Add(0x9e3779b97f4a7c15)) | 1
 }

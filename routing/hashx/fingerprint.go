@@ -1,4 +1,8 @@
-package routing
+// Package hashx holds the stable hashes that kvroute's state is keyed and ranked by. Every
+// VM and every gateway replica must compute them alike, without sharing state, for their
+// views of the fleet to agree; keeping them in one small package makes that contract one
+// place to read and leaves the hash choice out of the router's logic.
+package hashx
 
 import "github.com/cespare/xxhash/v2"
 
