@@ -7,8 +7,8 @@ const MaxDepth = 256
 // brackets and closed strings, no deeper than MaxDepth, and nothing after it.
 // It is not a full grammar check (a missing comma or colon passes): the fields the
 // router reads are checked as they are read, and a body the worker would reject for
-// such a slip is still routed sensibly. It is several times faster than a full
-// validation, most of a prompt being string bytes that IndexByte skips.
+// such a slip is still routed sensibly. It is cheaper than a full validation
+// because most of a prompt is string bytes, which it skips with IndexByte.
 //
 // skip, which may be nil, holds strings the caller has already scanned to their end with
 // the same rule (a quote after an even number of backslashes closes a string), for the
