@@ -25,6 +25,12 @@ var (
 	ErrStateConflict = errors.New("kvroute: state update conflicted beyond max_cas_retries")
 )
 
+// casAbsent is the token update writes a key it found absent with. Envoy creates an
+// absent key whatever the token, but a token of 0 would also overwrite the key if
+// another VM created it since the read, losing that VM's write; a token no live key
+// holds makes that a mismatch instead, and the loop reads again.
+const casAbsent = 1<<31 - 1
+
 // update applies fn to the value at key under compare-and-swap, retrying up to
 // retries times. fn gets the current value (nil when absent) and returns the new
 // value and whether to write at all. A host error other than a CAS mismatch is
@@ -33,7 +39,7 @@ func update(s Store, key string, retries int, fn func(old []byte) (next []byte, 
 	for attempt := 0; attempt <= retries; attempt++ {
 		old, cas, err := s.Get(key)
 		if err == ErrNotFound {
-			old, cas = nil, 0
+			old, cas = nil, casAbsent
 		} else if err != nil {
 			return err
 		}
