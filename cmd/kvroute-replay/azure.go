@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/routing/hashx"
 )
 
 // AzureRecord is one row of an Azure LLM inference trace
@@ -75,9 +77,9 @@ func AzureRequests(recs []AzureRecord, charsPerToken int, speed float64) []*Requ
 		nBlocks := (rec.ContextTokens + MooncakeBlockTokens - 1) / MooncakeBlockTokens
 		blocks := make([]uint64, nBlocks)
 		for k := range blocks {
-			blocks[k] = mix64(uint64(i)<<24 | uint64(k) | 1<<63) // unique per request
+			blocks[k] = hashx.Mix64(uint64(i)<<24 | uint64(k) | 1<<63) // unique per request
 		}
-		seed := mix64(uint64(i) + 0xa2a2)
+		seed := hashx.Mix64(uint64(i) + 0xa2a2)
 		r := &Request{
 			Index:        i,
 			ArrivalMS:    float64(rec.Time.Sub(t0).Microseconds()) / 1000 / speed,

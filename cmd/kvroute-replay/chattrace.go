@@ -9,6 +9,8 @@ import (
 	"math"
 	"os"
 	"sort"
+
+	"github.com/kvroute/kvroute/routing/hashx"
 )
 
 // A synthetic multi-turn chat trace in the replayer's OpenAI format, every request
@@ -58,7 +60,7 @@ type chatRand struct{ s uint64 }
 
 func (r *chatRand) next() uint64 {
 	r.s += 0x9e3779b97f4a7c15
-	return mix64(r.s)
+	return hashx.Mix64(r.s)
 }
 
 // uniform returns an integer in [lo, hi].

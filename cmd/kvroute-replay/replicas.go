@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/kvroute/kvroute/routing/hashx"
 )
 
 // Several gateway replicas (-replicas K): K copies of the compiled filter, each in its
@@ -104,7 +106,7 @@ func variantConfig(base []byte, v replicaVariant) ([]byte, error) {
 
 // replicaOf is the replica request index goes to: uniform, fixed by seed and index.
 func replicaOf(seed uint64, index, k int) int {
-	return int(mix64(seed^(uint64(index)+1)*0x9e3779b97f4a7c15) % uint64(k))
+	return int(hashx.Mix64(seed^(uint64(index)+1)*0x9e3779b97f4a7c15) % uint64(k))
 }
 
 // enginePage is endpoint e's vLLM metrics page as the fleet model has it now: per DP

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"runtime"
 	"sync"
+
+	"github.com/kvroute/kvroute/routing/hashx"
 )
 
 // Request is one replayed inference request, as every policy and the fleet model
@@ -126,28 +128,18 @@ func chainHashes(text []byte, size int, partial bool, seed string) []uint64 {
 func hashBytes(seed uint64, b []byte) uint64 {
 	h := seed ^ uint64(len(b))*0xff51afd7ed558ccd
 	for len(b) >= 8 {
-		h = mix64(h ^ binary.LittleEndian.Uint64(b))
+		h = hashx.Mix64(h ^ binary.LittleEndian.Uint64(b))
 		b = b[8:]
 	}
 	if len(b) > 0 {
 		var tail [8]byte
 		copy(tail[:], b)
-		h = mix64(h ^ binary.LittleEndian.Uint64(tail[:]) ^ uint64(len(b))<<59)
+		h = hashx.Mix64(h ^ binary.LittleEndian.Uint64(tail[:]) ^ uint64(len(b))<<59)
 	}
-	return mix64(h)
+	return hashx.Mix64(h)
 }
 
 func hashString(seed uint64, s string) uint64 { return hashBytes(seed, []byte(s)) }
-
-// mix64 is the splitmix64 finaliser.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
 
 // vocabulary for synthetic prompt text: plain lower-case words, so the text needs no
 // JSON escaping and splits into tokens at about chars_per_token = 4.
@@ -167,11 +159,11 @@ var vocabulary = []string{
 // fillWords writes deterministic pseudo-random words seeded by seed into dst,
 // filling it completely (the last word is cut).
 func fillWords(dst []byte, seed uint64) {
-	state := mix64(seed + 0x9e3779b97f4a7c15)
+	state := hashx.Mix64(seed + 0x9e3779b97f4a7c15)
 	i := 0
 	for i < len(dst) {
 		state += 0x9e3779b97f4a7c15
-		r := mix64(state)
+		r := hashx.Mix64(state)
 		for k := 0; k < 4 && i < len(dst); k++ {
 			w := vocabulary[int(r&0xffff)%len(vocabulary)]
 			r >>= 16
