@@ -222,14 +222,7 @@ func parseConfig(data []byte) (Config, error) {
 			"load_weight":           cfgFloatField(&c.Balance.LoadWeight, 0, false, cfgWeightMax),
 			"fair_share_multiplier": cfgFloatField(&c.Balance.FairShareMultiplier, 1, false, cfgWeightMax),
 		}),
-		"disaggregation": cfgObjectField(cfgFields{
-			"mode": cfgEnumField(&c.Disaggregation.Mode,
-				ModeOff, ModeSidecar, ModeVLLM, ModeTRTLLM, ModeSGLang),
-			"threshold_tokens":   cfgIntField(&c.Disaggregation.ThresholdTokens, 0, cfgThresholdTokensMax),
-			"uncached_only":      cfgBoolField(&c.Disaggregation.UncachedOnly),
-			"prefill_cluster":    cfgClusterField(&c.Disaggregation.PrefillCluster),
-			"prefill_timeout_ms": cfgInt64Field(&c.Disaggregation.PrefillTimeoutMS, 1, cfgPrefillTimeoutMSMax),
-		}),
+		"disaggregation": cfgDisaggregationField(&c.Disaggregation),
 		"health": cfgObjectField(cfgFields{
 			"failure_statuses":  cfgStatusList(&c.Health.FailureStatuses),
 			"failure_threshold": cfgIntField(&c.Health.FailureThreshold, 1, cfgFailureThresholdMax),
@@ -817,14 +810,7 @@ func cfgModels(path string, v gjson.Result, base DisaggregationConfig) ([]Model,
 					"prefill": cfgPoolField(&m.Pools.Prefill, true),
 				})
 			},
-			"disaggregation": cfgObjectField(cfgFields{
-				"mode": cfgEnumField(&m.Disaggregation.Mode,
-					ModeOff, ModeSidecar, ModeVLLM, ModeTRTLLM, ModeSGLang),
-				"threshold_tokens":   cfgIntField(&m.Disaggregation.ThresholdTokens, 0, cfgThresholdTokensMax),
-				"uncached_only":      cfgBoolField(&m.Disaggregation.UncachedOnly),
-				"prefill_cluster":    cfgClusterField(&m.Disaggregation.PrefillCluster),
-				"prefill_timeout_ms": cfgInt64Field(&m.Disaggregation.PrefillTimeoutMS, 1, cfgPrefillTimeoutMSMax),
-			}),
+			"disaggregation": cfgDisaggregationField(&m.Disaggregation),
 		})
 		switch {
 		case err != nil:
@@ -1022,4 +1008,17 @@ func cfgHostPort(p, s string) error {
 		}
 	}
 	return nil
+}
+
+// cfgDisaggregationField parses a disaggregation block into d, at the top level and
+// in a fleet of models alike: fields the block leaves out keep d's values.
+func cfgDisaggregationField(d *DisaggregationConfig) func(string, gjson.Result) error {
+	return cfgObjectField(cfgFields{
+		"mode": cfgEnumField(&d.Mode,
+			ModeOff, ModeSidecar, ModeVLLM, ModeTRTLLM, ModeSGLang),
+		"threshold_tokens":   cfgIntField(&d.ThresholdTokens, 0, cfgThresholdTokensMax),
+		"uncached_only":      cfgBoolField(&d.UncachedOnly),
+		"prefill_cluster":    cfgClusterField(&d.PrefillCluster),
+		"prefill_timeout_ms": cfgInt64Field(&d.PrefillTimeoutMS, 1, cfgPrefillTimeoutMSMax),
+	})
 }
