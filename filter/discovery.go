@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 )
 
@@ -22,7 +23,7 @@ type discoveryPoll struct {
 	router   *routing.Router // of the pool's fleet
 	prefill  bool
 	pool     string // for the log: the pool, after its fleet's model when it has one
-	cfg      routing.DiscoveryConfig
+	cfg      config.DiscoveryConfig
 	path     string
 	lease    *routing.ScrapeLease
 	last     int64 // when this VM last tried
@@ -41,13 +42,13 @@ func (p *pluginContext) initDiscovery() {
 		for _, pool := range []struct {
 			prefill bool
 			name    string
-			d       *routing.DiscoveryConfig
+			d       *config.DiscoveryConfig
 		}{{false, "decode", cfg.Pools.Decode.Discovery}, {true, "prefill", cfg.Pools.Prefill.Discovery}} {
 			if pool.d == nil {
 				continue
 			}
 			path := pool.d.Path
-			if pool.d.Source == routing.DiscoveryEnvoyAdmin {
+			if pool.d.Source == config.DiscoveryEnvoyAdmin {
 				path = routing.EnvoyAdminPath(pool.d.ServiceCluster)
 			}
 			label := pool.name
@@ -150,7 +151,7 @@ func (p *pluginContext) onDiscovery(d *discoveryPoll, bodySize int) {
 	}
 	var eps []routing.DiscoveredEndpoint
 	var err error
-	if d.cfg.Source == routing.DiscoveryEnvoyAdmin {
+	if d.cfg.Source == config.DiscoveryEnvoyAdmin {
 		eps, err = routing.ParseEnvoyAdminClusters(body, d.cfg.ServiceCluster)
 	} else {
 		eps, err = routing.ParseEndpointList(body)

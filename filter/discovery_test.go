@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
@@ -355,7 +356,7 @@ func TestDiscoveryLeaseOneVMPolls(t *testing.T) {
 		}
 		assert.Empty(t, h.polls(), "the other VM holds the lease")
 
-		cfg, err := routing.ParseConfig([]byte(adminDiscovery))
+		cfg, err := config.ParseConfig([]byte(adminDiscovery))
 		require.NoError(t, err)
 		board := routing.NewEndpointBoard(store, "kvroute", "decode", *cfg.Pools.Decode.Discovery, 8)
 		_, err = board.Publish([]routing.DiscoveredEndpoint{{Address: "10.0.0.8:8000"}})

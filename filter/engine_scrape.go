@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 )
 
@@ -56,7 +57,7 @@ func (p *pluginContext) scrapeEngines(now int64) {
 	}
 }
 
-func (p *pluginContext) onScrape(router *routing.Router, prefill bool, e routing.Endpoint, bodySize int) {
+func (p *pluginContext) onScrape(router *routing.Router, prefill bool, e config.Endpoint, bodySize int) {
 	defer p.recoverFailOpen("engine scrape", nil)
 	headers, _ := proxywasm.GetHttpCallResponseHeaders()
 	status := 0

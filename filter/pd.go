@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 )
 
@@ -30,10 +31,10 @@ type pdMode interface {
 
 // pdModes are the disaggregation modes by their disaggregation.mode name; off has none.
 var pdModes = map[string]pdMode{
-	routing.ModeSidecar: sidecarMode{},
-	routing.ModeVLLM:    vllmMode{},
-	routing.ModeTRTLLM:  trtllmMode{},
-	routing.ModeSGLang:  sglangMode{},
+	config.ModeSidecar: sidecarMode{},
+	config.ModeVLLM:    vllmMode{},
+	config.ModeTRTLLM:  trtllmMode{},
+	config.ModeSGLang:  sglangMode{},
 }
 
 // pdMode returns the disaggregation mode of the request's fleet; nil when it is off

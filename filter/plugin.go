@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
@@ -12,7 +13,7 @@ import (
 // pluginContext holds one configuration of the filter in one VM.
 type pluginContext struct {
 	types.DefaultPluginContext
-	cfg     routing.Config
+	cfg     config.Config
 	fleets  *routing.Fleets
 	router  *routing.Router // the default fleet's: the top-level pools
 	metrics *metrics
@@ -45,7 +46,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 		proxywasm.LogCriticalf("kvroute: cannot read the plugin configuration: %v", err)
 		return types.OnPluginStartStatusFailed
 	}
-	cfg, err := routing.ParseConfig(data)
+	cfg, err := config.ParseConfig(data)
 	if err != nil {
 		proxywasm.LogCriticalf("kvroute: invalid configuration: %v", err)
 		return types.OnPluginStartStatusFailed

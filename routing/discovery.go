@@ -9,6 +9,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/tidwall/gjson"
 )
@@ -123,7 +124,7 @@ func ParseEnvoyAdminClusters(body []byte, serviceCluster string) ([]DiscoveredEn
 		return true
 	})
 	if !found {
-		return nil, discoveryErr("cluster %s not in the answer", cfgQuote(serviceCluster))
+		return nil, discoveryErr("cluster %s not in the answer", config.Quote(serviceCluster))
 	}
 	out := []DiscoveredEndpoint{}
 	if !hosts.Exists() {
@@ -175,7 +176,7 @@ func adminHost(h gjson.Result) (addr string, eligible, ok bool) {
 		return "", false, false
 	}
 	addr = joinHostPort(ip.Str, port.Raw)
-	if cfgHostPort("", addr) != nil {
+	if config.HostPort("", addr) != nil {
 		return "", false, false
 	}
 	eligible = true
@@ -263,24 +264,24 @@ func listElement(where string, el gjson.Result) (DiscoveredEndpoint, error) {
 	}
 	e.Address = strings.Clone(addr.Str) // addr points into the answer
 	if port.Exists() {
-		n, err := cfgInt(where+".port", port, 1, cfgPortMax)
+		n, err := config.Int(where+".port", port, 1, config.PortMax)
 		if err != nil {
 			return e, discoveryErr("%v", err)
 		}
 		e.Address = joinHostPort(strings.Trim(addr.Str, "[]"), strconv.FormatInt(n, 10))
 	}
-	if err := cfgHostPort(where+".address", e.Address); err != nil {
+	if err := config.HostPort(where+".address", e.Address); err != nil {
 		return e, discoveryErr("%v", err)
 	}
 	if v := el.Get("dp_size"); v.Exists() {
-		n, err := cfgInt(where+".dp_size", v, 1, cfgDPSizeMax)
+		n, err := config.Int(where+".dp_size", v, 1, config.DPSizeMax)
 		if err != nil {
 			return e, discoveryErr("%v", err)
 		}
 		e.DPSize = int(n)
 	}
 	if v := el.Get("dp_rank_start"); v.Exists() {
-		n, err := cfgInt(where+".dp_rank_start", v, 0, 65535)
+		n, err := config.Int(where+".dp_rank_start", v, 0, 65535)
 		if err != nil {
 			return e, discoveryErr("%v", err)
 		}
@@ -330,7 +331,7 @@ const (
 )
 
 // NewEndpointBoard returns the board of one pool, for the source d describes.
-func NewEndpointBoard(s Store, namespace, pool string, d DiscoveryConfig, retries int) *EndpointBoard {
+func NewEndpointBoard(s Store, namespace, pool string, d config.DiscoveryConfig, retries int) *EndpointBoard {
 	key := namespace + "/disc/" + pool
 	return &EndpointBoard{store: s, key: key, genKey: key + "/gen", retries: retries,
 		source: hashx.FingerprintString(d.Source + "\x00" + d.Cluster + "\x00" + d.ServiceCluster + "\x00" + d.Path)}

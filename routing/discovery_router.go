@@ -1,16 +1,20 @@
 package routing
 
+import (
+	"github.com/kvroute/kvroute/routing/config"
+)
+
 // poolDiscovery is what a Router keeps of a discovered pool: the board it reads, the
 // generation it last applied, and the endpoints it applied.
 type poolDiscovery struct {
 	board   *EndpointBoard
 	dpSize  int    // discovery.dp_size: for endpoints that name none
 	applied uint64 // generation of the set in use; 0: the static endpoints
-	eps     []Endpoint
+	eps     []config.Endpoint
 	changes uint64 // sets applied
 }
 
-func newPoolDiscovery(store Store, ns, pool string, p Pool, retries int) *poolDiscovery {
+func newPoolDiscovery(store Store, ns, pool string, p config.Pool, retries int) *poolDiscovery {
 	return &poolDiscovery{
 		board:  NewEndpointBoard(store, ns, pool, *p.Discovery, retries),
 		dpSize: p.Discovery.DPSize,
@@ -51,14 +55,14 @@ func (r *Router) applyDiscovered() bool {
 }
 
 // endpoints turns a discovered set into the pool's endpoints.
-func (d *poolDiscovery) endpoints(eps []DiscoveredEndpoint) []Endpoint {
-	out := make([]Endpoint, len(eps))
+func (d *poolDiscovery) endpoints(eps []DiscoveredEndpoint) []config.Endpoint {
+	out := make([]config.Endpoint, len(eps))
 	for i, e := range eps {
 		dp := e.DPSize
 		if dp == 0 {
 			dp = d.dpSize
 		}
-		out[i] = Endpoint{Address: e.Address, DPSize: dp, DPRankStart: e.DPRankStart}
+		out[i] = config.Endpoint{Address: e.Address, DPSize: dp, DPRankStart: e.DPRankStart}
 	}
 	return out
 }
@@ -85,7 +89,7 @@ func (r *Router) PublishDiscovered(prefill bool, eps []DiscoveredEndpoint) error
 
 // Endpoints returns the endpoints a pool routes to now: the static ones, or the last
 // discovered set this VM applied.
-func (r *Router) Endpoints(prefill bool) []Endpoint {
+func (r *Router) Endpoints(prefill bool) []config.Endpoint {
 	ps := r.decode
 	if prefill {
 		ps = r.prefill

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -231,7 +232,7 @@ func TestParseEndpointList(t *testing.T) {
 
 func TestEndpointBoardVersionsTheSet(t *testing.T) {
 	store := newMemoryStore()
-	d := DefaultDiscovery()
+	d := config.DefaultDiscovery()
 	d.ServiceCluster = istioCluster
 	b := NewEndpointBoard(store, "kvroute", "decode", d, 8)
 	gen, err := b.Generation()
@@ -290,9 +291,9 @@ func TestEndpointSetDecodeRejectsTornValues(t *testing.T) {
 	assert.Len(t, eps, 2)
 }
 
-func discoveredConfig(t testing.TB, static string) *Config {
+func discoveredConfig(t testing.TB, static string) *config.Config {
 	t.Helper()
-	cfg, err := ParseConfig([]byte(`{"pools":{"decode":{"endpoints":[` + static + `],
+	cfg, err := config.ParseConfig([]byte(`{"pools":{"decode":{"endpoints":[` + static + `],
 		"discovery":{"service_cluster":"` + istioCluster + `","dp_size":2}}}}`))
 	require.NoError(t, err)
 	return &cfg
@@ -315,7 +316,7 @@ func TestDiscoveredSetReplacesStaticEndpoints(t *testing.T) {
 	}
 	assert.Equal(t, map[string]bool{"10.0.0.1:8000#0": true, "10.0.0.1:8000#1": true, "10.0.0.2:8000#0": true}, seen,
 		"the next decision uses the other VM's set; discovery.dp_size applies where the source names none")
-	assert.Equal(t, []Endpoint{{Address: "10.0.0.1:8000", DPSize: 2}, {Address: "10.0.0.2:8000", DPSize: 1}}, r.Endpoints(false))
+	assert.Equal(t, []config.Endpoint{{Address: "10.0.0.1:8000", DPSize: 2}, {Address: "10.0.0.2:8000", DPSize: 1}}, r.Endpoints(false))
 }
 
 func TestDiscoveredEndpointsKeepTheirRankNumbering(t *testing.T) {
@@ -385,7 +386,7 @@ func TestConversationOnRemovedTargetMovesOnceThenSticks(t *testing.T) {
 }
 
 func TestDiscoveredPrefillPoolEmptyGoesDirect(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`{"disaggregation":{"mode":"sidecar"},"pools":{
+	cfg, err := config.ParseConfig([]byte(`{"disaggregation":{"mode":"sidecar"},"pools":{
 		"decode":{"endpoints":[{"address":"10.0.0.1:8000"}]},
 		"prefill":{"discovery":{"source":"http","cluster":"kvroute_discovery","path":"/prefill.json"}}}}`))
 	require.NoError(t, err)
@@ -397,14 +398,14 @@ func TestDiscoveredPrefillPoolEmptyGoesDirect(t *testing.T) {
 	d = r.Decide(convRequest("b"), NoRank)
 	assert.Equal(t, PDDisaggregated, d.PD)
 	assert.Equal(t, "10.0.1.1:8000", d.Prefill.Address)
-	assert.Equal(t, DefaultBootstrapPort, d.Prefill.BootstrapPort)
+	assert.Equal(t, config.DefaultBootstrapPort, d.Prefill.BootstrapPort)
 }
 
 func TestDiscoveryConfig(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`{"pools":{"decode":{"discovery":{"service_cluster":"outbound|8000||vllm.llm.svc.cluster.local"}}}}`))
+	cfg, err := config.ParseConfig([]byte(`{"pools":{"decode":{"discovery":{"service_cluster":"outbound|8000||vllm.llm.svc.cluster.local"}}}}`))
 	require.NoError(t, err)
 	require.NotNil(t, cfg.Pools.Decode.Discovery)
-	want := DefaultDiscovery()
+	want := config.DefaultDiscovery()
 	want.ServiceCluster = "outbound|8000||vllm.llm.svc.cluster.local"
 	assert.Equal(t, want, *cfg.Pools.Decode.Discovery)
 	assert.Empty(t, cfg.Pools.Decode.Endpoints, "endpoints may be empty with discovery")
@@ -422,8 +423,8 @@ func TestDiscoveryConfig(t *testing.T) {
 		{`{"pools":{"decode":{"discovery":{"service_cluster":"x","typo":1}}}}`, "pools.decode.discovery.typo", "unknown field"},
 		{`{"disaggregation":{"mode":"vllm"},"pools":{"decode":{"discovery":{"service_cluster":"x"}}}}`, "pools.prefill.endpoints", "or pools.prefill.discovery"},
 	} {
-		_, err := ParseConfig([]byte(tc.doc))
-		var ce *ConfigError
+		_, err := config.ParseConfig([]byte(tc.doc))
+		var ce *config.ConfigError
 		require.ErrorAs(t, err, &ce, tc.doc)
 		assert.Equal(t, tc.field, ce.Field, tc.doc)
 		assert.Contains(t, ce.Reason, tc.reason, tc.doc)
@@ -447,7 +448,7 @@ func FuzzParseDiscovery(f *testing.F) {
 				continue
 			}
 			for i, e := range eps {
-				if cfgHostPort("", e.Address) != nil {
+				if config.HostPort("", e.Address) != nil {
 					t.Fatalf("invalid address %q", e.Address)
 				}
 				if i > 0 && eps[i-1].Address >= e.Address {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -15,9 +16,9 @@ const dpStartPools = `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints
 	`{"address":"b:1","dp_size":2,"dp_rank_start":2},` +
 	`{"address":"c:1","dp_size":4,"dp_rank_start":1}]}}}`
 
-func dpStartConfig(t *testing.T, js string) *Config {
+func dpStartConfig(t *testing.T, js string) *config.Config {
 	t.Helper()
-	cfg, err := ParseConfig([]byte(js))
+	cfg, err := config.ParseConfig([]byte(js))
 	require.NoError(t, err)
 	return &cfg
 }
@@ -115,7 +116,7 @@ func TestEngineFiguresOfARankStart(t *testing.T) {
 	cfg := dpStartConfig(t, `{"engine_metrics":{"enabled":true},"pools":{"decode":{"endpoints":[{"address":"a:1","dp_size":2,"dp_rank_start":4},{"address":"b:1"}]}}}`)
 	r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	page := []byte("vllm:num_requests_running{engine=\"4\",model_name=\"m\"} 50\nvllm:num_requests_running{engine=\"5\",model_name=\"m\"} 0\n")
-	figures, err := ParseEngineMetrics(FlavorVLLM, page, 2, 4)
+	figures, err := ParseEngineMetrics(config.FlavorVLLM, page, 2, 4)
 	require.NoError(t, err)
 	require.NoError(t, r.PublishEngineFigures(false, "a:1", figures))
 	for i := 0; i < 20; i++ {
@@ -147,7 +148,7 @@ func TestParseEngineMetricsRankStart(t *testing.T) {
 		{"one rank", []int{7}, 1, 3, map[int]float64{3: 17}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseEngineMetrics(FlavorVLLM, page(tc.engines...), tc.dpSize, tc.from)
+			got, err := ParseEngineMetrics(config.FlavorVLLM, page(tc.engines...), tc.dpSize, tc.from)
 			if tc.want == nil {
 				require.ErrorIs(t, err, ErrNoEngineFigures)
 				return
@@ -162,7 +163,7 @@ func TestParseEngineMetricsRankStart(t *testing.T) {
 	}
 
 	// Unlabelled series are spread over the endpoint's own ranks.
-	got, err := ParseEngineMetrics(FlavorVLLM, []byte("vllm:num_requests_running 8\n"), 2, 6)
+	got, err := ParseEngineMetrics(config.FlavorVLLM, []byte("vllm:num_requests_running 8\n"), 2, 6)
 	require.NoError(t, err)
 	assert.Equal(t, map[int]EngineFigures{6: {Running: 4}, 7: {Running: 4}}, got)
 }

@@ -3,6 +3,7 @@ package routing
 import (
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -41,7 +42,7 @@ func TestEngineFiguresRaiseLoadWhileFresh(t *testing.T) {
 }
 
 func TestEngineFiguresPerDPRank(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`{"engine_metrics":{"enabled":true},"pools":{"decode":{"endpoints":[{"address":"a:1","dp_size":2},{"address":"b:1"}]}}}`))
+	cfg, err := config.ParseConfig([]byte(`{"engine_metrics":{"enabled":true},"pools":{"decode":{"endpoints":[{"address":"a:1","dp_size":2},{"address":"b:1"}]}}}`))
 	require.NoError(t, err)
 	r := NewRouter(&cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	require.NoError(t, r.PublishEngineFigures(false, "a:1", map[int]EngineFigures{0: {Running: 50}, 1: {Running: 0}, 7: {Running: 99}}))

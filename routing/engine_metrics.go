@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/promtext"
 )
 
@@ -93,16 +94,16 @@ type engineNames struct {
 // histograms and counters there (no running/waiting gauge); such a page yields
 // ErrNoEngineFigures, and the figures simply stay absent.
 var engineFlavors = map[string]engineNames{
-	FlavorVLLM: {
+	config.FlavorVLLM: {
 		running: "vllm:num_requests_running", waiting: "vllm:num_requests_waiting",
 		kv: "vllm:kv_cache_usage_perc", kvLegacy: "vllm:gpu_cache_usage_perc",
 		rankLabel: "engine", modelLabel: "model_name",
 	},
-	FlavorSGLang: {
+	config.FlavorSGLang: {
 		running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs",
 		kv: "sglang:token_usage", rankLabel: "dp_rank", modelLabel: "model_name",
 	},
-	FlavorTRTLLM: {
+	config.FlavorTRTLLM: {
 		running: "trtllm_num_requests_running", waiting: "trtllm_num_requests_waiting",
 		kv: "trtllm_kv_cache_utilization", modelLabel: "model_name",
 	},

@@ -9,13 +9,14 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/promtext"
 	"github.com/stretchr/testify/require"
 )
 
 func TestEngineMetricsVLLMDataParallel(t *testing.T) {
 	page := readEngineTestdata(t, "vllm.txt")
-	got, err := ParseEngineMetrics(FlavorVLLM, page, 2, 0)
+	got, err := ParseEngineMetrics(config.FlavorVLLM, page, 2, 0)
 	require.NoError(t, err)
 	require.Equal(t, map[int]EngineFigures{
 		0: {Running: 5, Waiting: 4, KVUsage: 0.72},
@@ -24,23 +25,23 @@ func TestEngineMetricsVLLMDataParallel(t *testing.T) {
 
 	// The same server configured as one target (dp_size 1): vLLM balances its engines
 	// itself, and the target's load is the sum.
-	got, err = ParseEngineMetrics(FlavorVLLM, page, 1, 0)
+	got, err = ParseEngineMetrics(config.FlavorVLLM, page, 1, 0)
 	require.NoError(t, err)
 	require.Equal(t, map[int]EngineFigures{0: {Running: 8, Waiting: 6, KVUsage: 0.72}}, got)
 
 	// More ranks configured than the page reports: only the reported ranks have figures.
-	got, err = ParseEngineMetrics(FlavorVLLM, page, 4, 0)
+	got, err = ParseEngineMetrics(config.FlavorVLLM, page, 4, 0)
 	require.NoError(t, err)
 	require.Len(t, got, 2)
 
 	// Fewer: engine 1 cannot be attributed and is left out.
-	got, err = ParseEngineMetrics(FlavorVLLM, []byte(`vllm:num_requests_running{engine="1",model_name="m"} 3
+	got, err = ParseEngineMetrics(config.FlavorVLLM, []byte(`vllm:num_requests_running{engine="1",model_name="m"} 3
 vllm:num_requests_running{engine="0",model_name="m"} 1
 vllm:num_requests_running{engine="x",model_name="m"} 9
 `), 1, 0)
 	require.NoError(t, err)
 	require.Equal(t, map[int]EngineFigures{0: {Running: 13}}, got, "dp_size 1 counts every engine, labelled or not a number")
-	got, err = ParseEngineMetrics(FlavorVLLM, []byte(`vllm:num_requests_running{engine="2",model_name="m"} 3
+	got, err = ParseEngineMetrics(config.FlavorVLLM, []byte(`vllm:num_requests_running{engine="2",model_name="m"} 3
 vllm:num_requests_running{engine="0",model_name="m"} 1
 vllm:num_requests_running{engine="x",model_name="m"} 9
 `), 2, 0)
@@ -49,7 +50,7 @@ vllm:num_requests_running{engine="x",model_name="m"} 9
 }
 
 func TestEngineMetricsVLLMDocsAndLegacyNames(t *testing.T) {
-	got, err := ParseEngineMetrics(FlavorVLLM, readEngineTestdata(t, "vllm_docs.txt"), 1, 0)
+	got, err := ParseEngineMetrics(config.FlavorVLLM, readEngineTestdata(t, "vllm_docs.txt"), 1, 0)
 	require.NoError(t, err)
 	require.Equal(t, map[int]EngineFigures{0: {Running: 8}}, got)
 
@@ -60,7 +61,7 @@ vllm:gpu_cache_usage_perc{model_name="m"} 0.5
 vllm:num_requests_running{model_name="m"} 2.0
 vllm:num_requests_waiting{model_name="m"} 1.0
 `
-	got, err = ParseEngineMetrics(FlavorVLLM, []byte(legacy), 1, 0)
+	got, err = ParseEngineMetrics(config.FlavorVLLM, []byte(legacy), 1, 0)
 	require.NoError(t, err)
 	require.Equal(t, map[int]EngineFigures{0: {Running: 2, Waiting: 1, KVUsage: 0.5}}, got)
 
@@ -70,7 +71,7 @@ vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
 vllm:gpu_cache_usage_perc{engine="1",model_name="m"} 0.75
 vllm:num_requests_running{engine="1",model_name="m"} 1
 `
-	got, err = ParseEngineMetrics(FlavorVLLM, []byte(both), 2, 0)
+	got, err = ParseEngineMetrics(config.FlavorVLLM, []byte(both), 2, 0)
 	require.NoError(t, err)
 	require.Equal(t, map[int]EngineFigures{0: {KVUsage: 0.25}, 1: {Running: 1, KVUsage: 0.75}}, got)
 }
@@ -84,19 +85,19 @@ vllm:kv_cache_usage_perc{engine="0",model_name="a"} 0.2
 vllm:kv_cache_usage_perc{engine="0",model_name="b"} 0.6
 vllm:num_requests_running{engine="0",model_name="a\"b"} 10
 `
-	got, err := ParseEngineMetrics(FlavorVLLM, []byte(page), 1, 0)
+	got, err := ParseEngineMetrics(config.FlavorVLLM, []byte(page), 1, 0)
 	require.NoError(t, err)
 	require.Equal(t, map[int]EngineFigures{0: {Running: 15, Waiting: 1, KVUsage: 0.6}}, got)
 
 	// No rank label on a dp_size 4 endpoint: spread evenly, KV usage as it is.
-	got, err = ParseEngineMetrics(FlavorVLLM, []byte("vllm:num_requests_running 8\nvllm:num_requests_waiting 4\nvllm:kv_cache_usage_perc 0.5\n"), 4, 0)
+	got, err = ParseEngineMetrics(config.FlavorVLLM, []byte("vllm:num_requests_running 8\nvllm:num_requests_waiting 4\nvllm:kv_cache_usage_perc 0.5\n"), 4, 0)
 	require.NoError(t, err)
 	for r := 0; r < 4; r++ {
 		require.Equal(t, EngineFigures{Running: 2, Waiting: 1, KVUsage: 0.5}, got[r])
 	}
 
 	// NaN, infinite and negative values are left out; other engines' names ignored.
-	got, err = ParseEngineMetrics(FlavorVLLM, []byte(`vllm:num_requests_running{engine="0"} NaN
+	got, err = ParseEngineMetrics(config.FlavorVLLM, []byte(`vllm:num_requests_running{engine="0"} NaN
 vllm:num_requests_running{engine="0",model_name="z"} -1
 vllm:num_requests_waiting{engine="0"} +Inf
 vllm:num_requests_waiting{engine="0",model_name="y"} 2
@@ -108,7 +109,7 @@ vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 9
 }
 
 func TestEngineMetricsSGLang(t *testing.T) {
-	got, err := ParseEngineMetrics(FlavorSGLang, readEngineTestdata(t, "sglang.txt"), 1, 0)
+	got, err := ParseEngineMetrics(config.FlavorSGLang, readEngineTestdata(t, "sglang.txt"), 1, 0)
 	require.NoError(t, err)
 	require.Equal(t, map[int]EngineFigures{0: {Running: 162, Waiting: 2826, KVUsage: 0.28}}, got)
 
@@ -127,28 +128,28 @@ sglang:token_usage{model_name="glm",engine_type="unified",tp_rank="0",pp_rank="0
 sglang:token_usage{model_name="glm",engine_type="unified",tp_rank="1",pp_rank="0",dp_rank="0"} 0.33
 sglang:token_usage{model_name="glm",engine_type="unified",tp_rank="2",pp_rank="0",dp_rank="1"} 0.05
 `
-	got, err = ParseEngineMetrics(FlavorSGLang, []byte(dp), 2, 0)
+	got, err = ParseEngineMetrics(config.FlavorSGLang, []byte(dp), 2, 0)
 	require.NoError(t, err)
 	require.Equal(t, map[int]EngineFigures{
 		0: {Running: 2, Waiting: 1, KVUsage: 0.33},
 		1: {Running: 0, Waiting: 7, KVUsage: 0.05},
 	}, got)
-	got, err = ParseEngineMetrics(FlavorSGLang, []byte(dp), 1, 0)
+	got, err = ParseEngineMetrics(config.FlavorSGLang, []byte(dp), 1, 0)
 	require.NoError(t, err)
 	require.Equal(t, map[int]EngineFigures{0: {Running: 2, Waiting: 8, KVUsage: 0.33}}, got)
 }
 
 func TestEngineMetricsTRTLLM(t *testing.T) {
-	got, err := ParseEngineMetrics(FlavorTRTLLM, readEngineTestdata(t, "trtllm.txt"), 1, 0)
+	got, err := ParseEngineMetrics(config.FlavorTRTLLM, readEngineTestdata(t, "trtllm.txt"), 1, 0)
 	require.NoError(t, err)
 	require.Equal(t, map[int]EngineFigures{0: {Running: 12, Waiting: 3, KVUsage: 0.4375}}, got)
 
 	// TensorRT-LLM 1.1 exports no load gauges: no figures, and the caller keeps none.
-	_, err = ParseEngineMetrics(FlavorTRTLLM, readEngineTestdata(t, "trtllm_1.1.txt"), 1, 0)
+	_, err = ParseEngineMetrics(config.FlavorTRTLLM, readEngineTestdata(t, "trtllm_1.1.txt"), 1, 0)
 	require.ErrorIs(t, err, ErrNoEngineFigures)
 
 	// No rank label: a dp_size 2 (attention DP) endpoint gets half on each rank.
-	got, err = ParseEngineMetrics(FlavorTRTLLM, readEngineTestdata(t, "trtllm.txt"), 2, 0)
+	got, err = ParseEngineMetrics(config.FlavorTRTLLM, readEngineTestdata(t, "trtllm.txt"), 2, 0)
 	require.NoError(t, err)
 	require.Equal(t, EngineFigures{Running: 6, Waiting: 1.5, KVUsage: 0.4375}, got[1])
 }
@@ -156,15 +157,15 @@ func TestEngineMetricsTRTLLM(t *testing.T) {
 func TestEngineMetricsErrors(t *testing.T) {
 	_, err := ParseEngineMetrics("tgi", []byte("x 1\n"), 1, 0)
 	require.ErrorIs(t, err, ErrUnknownFlavor)
-	_, err = ParseEngineMetrics(FlavorVLLM, []byte("vllm:num_requests_running{engine=\"0\" 1\n"), 1, 0)
+	_, err = ParseEngineMetrics(config.FlavorVLLM, []byte("vllm:num_requests_running{engine=\"0\" 1\n"), 1, 0)
 	require.ErrorIs(t, err, promtext.ErrMalformed)
-	_, err = ParseEngineMetrics(FlavorVLLM, []byte("<html>502 Bad Gateway</html>"), 1, 0)
+	_, err = ParseEngineMetrics(config.FlavorVLLM, []byte("<html>502 Bad Gateway</html>"), 1, 0)
 	require.ErrorIs(t, err, promtext.ErrMalformed)
-	_, err = ParseEngineMetrics(FlavorVLLM, readEngineTestdata(t, "sglang.txt"), 1, 0)
+	_, err = ParseEngineMetrics(config.FlavorVLLM, readEngineTestdata(t, "sglang.txt"), 1, 0)
 	require.ErrorIs(t, err, ErrNoEngineFigures, "the wrong flavor finds nothing")
-	_, err = ParseEngineMetrics(FlavorVLLM, nil, 1, 0)
+	_, err = ParseEngineMetrics(config.FlavorVLLM, nil, 1, 0)
 	require.ErrorIs(t, err, ErrNoEngineFigures)
-	got, err := ParseEngineMetrics(FlavorVLLM, readEngineTestdata(t, "vllm.txt"), 0, 0)
+	got, err := ParseEngineMetrics(config.FlavorVLLM, readEngineTestdata(t, "vllm.txt"), 0, 0)
 	require.NoError(t, err, "dp_size 0 reads as 1")
 	require.Len(t, got, 1)
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -14,7 +15,7 @@ import (
 
 // defaultExtractOptions are the options the default config gives.
 func defaultExtractOptions() ExtractOptions {
-	cfg := DefaultConfig()
+	cfg := config.DefaultConfig()
 	return ExtractOptions{
 		CharsPerToken: cfg.CharsPerToken,
 		BlockTokens:   cfg.Prefix.BlockTokens,

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -134,7 +135,7 @@ func ledgerTotal(t *testing.T, r *Router) Load {
 }
 
 // sharedTotal is the load written to the shared ledger, as a fresh VM reads it.
-func sharedTotal(t *testing.T, cfg *Config, s Store) Load {
+func sharedTotal(t *testing.T, cfg *config.Config, s Store) Load {
 	t.Helper()
 	return ledgerTotal(t, NewRouter(cfg, s, (&fakeClock{ms: 1e6}).now))
 }

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/hashx"
 )
 
@@ -25,7 +26,7 @@ type Fleets struct {
 type Fleet struct {
 	Name   string // Names[0]; "" for the default fleet
 	Index  int    // position in Config.Models; -1 for the default fleet
-	Config *Config
+	Config *config.Config
 	Router *Router
 }
 
@@ -42,7 +43,7 @@ func FleetNamespace(namespace, name string) string {
 }
 
 // NewFleets builds the default fleet over cfg and one fleet per cfg.Models entry.
-func NewFleets(cfg *Config, store Store, now func() int64) *Fleets {
+func NewFleets(cfg *config.Config, store Store, now func() int64) *Fleets {
 	f := &Fleets{
 		Default: &Fleet{Index: -1, Config: cfg, Router: NewRouter(cfg, store, now)},
 		exact:   map[string]int{},

@@ -5,13 +5,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-func fleetsConfig(t *testing.T, js string) *Config {
+func fleetsConfig(t *testing.T, js string) *config.Config {
 	t.Helper()
-	cfg, err := ParseConfig([]byte(js))
+	cfg, err := config.ParseConfig([]byte(js))
 	require.NoError(t, err)
 	return &cfg
 }
@@ -48,7 +49,7 @@ func TestFleetsUnknownModel(t *testing.T) {
 	assert.Same(t, f.Default, f.Pick(""), "no model: the (empty) default passes it through")
 	assert.Equal(t, KindFallback, f.Pick("").Router.Decide(&Request{}, NoRank).Kind)
 
-	f = NewFleets(fleetsConfig(t, cfgWith(`"models":[`+two+`]`)), newMemoryStore(), clock.now)
+	f = NewFleets(fleetsConfig(t, `{"pools":{"decode":{"endpoints":[{"address":"10.0.0.11:8000"}]}},"models":[`+two+`]}`), newMemoryStore(), clock.now)
 	assert.Same(t, f.Default, f.Pick("b"), "the top-level pools serve unknown models")
 
 	// Discovered top-level pools serve unknown models once they have endpoints.

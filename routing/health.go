@@ -1,6 +1,10 @@
 package routing
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"github.com/kvroute/kvroute/routing/config"
+)
 
 // HealthBoard keeps passive health per endpoint of a pool in one shared-data key:
 // consecutive failures and, once they reach the threshold, the time the endpoint's
@@ -31,7 +35,7 @@ const (
 )
 
 // NewHealthBoard returns the health board of one pool.
-func NewHealthBoard(s Store, namespace, pool string, cfg HealthConfig, retries int) *HealthBoard {
+func NewHealthBoard(s Store, namespace, pool string, cfg config.HealthConfig, retries int) *HealthBoard {
 	return &HealthBoard{store: s, key: namespace + "/health/" + pool, retries: retries,
 		threshold: cfg.FailureThreshold, cooldown: cfg.CooldownMS}
 }

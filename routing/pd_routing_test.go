@@ -5,16 +5,17 @@ import (
 	"math/rand"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-func pdConfig(t testing.TB, disagg string) *Config {
+func pdConfig(t testing.TB, disagg string) *config.Config {
 	t.Helper()
 	js := `{"pools":{"decode":{"endpoints":[{"address":"10.0.1.1:8000"},{"address":"10.0.1.2:8000"}]},
 		"prefill":{"endpoints":[{"address":"10.0.2.1:8000","dp_size":2},{"address":"10.0.2.2:8000"}]}},
 		"disaggregation":` + disagg + `}`
-	cfg, err := ParseConfig([]byte(js))
+	cfg, err := config.ParseConfig([]byte(js))
 	require.NoError(t, err)
 	return &cfg
 }

@@ -3,6 +3,7 @@ package routing
 import (
 	"math"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/hashx"
 )
 
@@ -10,7 +11,7 @@ import (
 // Store shared by all VMs; the Router itself holds only the config and the expanded
 // target lists, so any number of Routers over one Store behave as one.
 type Router struct {
-	cfg     *Config
+	cfg     *config.Config
 	now     func() int64 // milliseconds
 	decode  *poolState
 	prefill *poolState
@@ -56,9 +57,9 @@ type poolState struct {
 }
 
 // NewRouter builds a Router over store. now returns the current time in milliseconds.
-func NewRouter(cfg *Config, store Store, now func() int64) *Router {
+func NewRouter(cfg *config.Config, store Store, now func() int64) *Router {
 	ns, retries := cfg.State.Namespace, cfg.State.MaxCASRetries
-	newPool := func(name string, p Pool) *poolState {
+	newPool := func(name string, p config.Pool) *poolState {
 		ps := &poolState{
 			name:   name,
 			ledger: NewLoadLedger(store, ns, name, cfg.State.LeaseMS, retries),
@@ -99,8 +100,8 @@ func NewRouter(cfg *Config, store Store, now func() int64) *Router {
 // them. Every record kept per target (ledger, prefix index, conversations, health,
 // engine figures) is keyed by target id, so it carries over; a target that left is
 // simply no longer found (docs/behaviour.md, State).
-func (ps *poolState) setTargets(eps []Endpoint) {
-	ps.targets = NewPoolTargets(Pool{Endpoints: eps})
+func (ps *poolState) setTargets(eps []config.Endpoint) {
+	ps.targets = NewPoolTargets(config.Pool{Endpoints: eps})
 	n := len(ps.targets.Targets)
 	ps.byID32 = newTargetIndex(n)
 	for i, t := range ps.targets.Targets {
@@ -295,7 +296,7 @@ func (v *poolView) candidates() (out []int, capped bool) {
 }
 
 func (r *Router) loadOf(l Load) int64 {
-	if r.cfg.Balance.LoadMetric == LoadMetricTokens {
+	if r.cfg.Balance.LoadMetric == config.LoadMetricTokens {
 		return l.Tokens
 	}
 	return l.Requests
@@ -434,7 +435,7 @@ func (r *Router) Decide(req *Request, rank int) Decision {
 		d = Decision{Kind: c.kind, Target: c.target, Ticket: c.ticket, StateFailed: c.stateFailed,
 			MatchedTokens: c.matched}
 	}
-	if r.cfg.Disaggregation.Mode == ModeOff {
+	if r.cfg.Disaggregation.Mode == config.ModeOff {
 		return d
 	}
 	d.PD = PDDirect
@@ -772,11 +773,11 @@ func (r *Router) firstTurn(v *poolView, req *Request, pr *prompt) (int, error) {
 		cands = r.leastLoaded(v, cands)
 	}
 	switch r.cfg.Conversation.FirstTurn {
-	case FirstTurnLeastLoaded:
+	case config.FirstTurnLeastLoaded:
 		return r.roundRobin(v.pool, r.leastLoaded(v, cands))
-	case FirstTurnHash:
+	case config.FirstTurnHash:
 		return rendezvous(v.pool, cands, req.Conversation), nil
-	case FirstTurnScore:
+	case config.FirstTurnScore:
 		return r.scored(v, req, pr), nil
 	default:
 		return r.roundRobin(v.pool, r.soonest(v, req, pr, cands))

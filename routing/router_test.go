@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -15,10 +16,10 @@ type fakeClock struct{ ms int64 }
 
 func (c *fakeClock) now() int64 { return c.ms }
 
-func testConfig(t testing.TB, extra string) *Config {
+func testConfig(t testing.TB, extra string) *config.Config {
 	t.Helper()
 	js := `{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},{"address":"10.0.0.3:8000"}]}}` + extra + `}`
-	cfg, err := ParseConfig([]byte(js))
+	cfg, err := config.ParseConfig([]byte(js))
 	require.NoError(t, err)
 	return &cfg
 }
@@ -76,7 +77,7 @@ func TestMappingToRemovedTargetCountsAsAbsent(t *testing.T) {
 		_ = r.Release(d.Ticket)
 	}
 	// Reconfigure: drop 10.0.0.2, reorder the rest, add 10.0.0.4.
-	cfg, err := ParseConfig([]byte(`{"pools":{"decode":{"endpoints":[{"address":"10.0.0.4:8000"},{"address":"10.0.0.3:8000"},{"address":"10.0.0.1:8000"}]}}}`))
+	cfg, err := config.ParseConfig([]byte(`{"pools":{"decode":{"endpoints":[{"address":"10.0.0.4:8000"},{"address":"10.0.0.3:8000"},{"address":"10.0.0.1:8000"}]}}}`))
 	require.NoError(t, err)
 	r2 := NewRouter(&cfg, store, clock.now)
 	for id, addr := range placed {
@@ -155,7 +156,7 @@ func TestStateFailureFallsBackWithoutState(t *testing.T) {
 }
 
 func TestTrustedClientRankRestrictsTargets(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"a:1","dp_size":4},{"address":"b:1","dp_size":2}]}}}`))
+	cfg, err := config.ParseConfig([]byte(`{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"a:1","dp_size":4},{"address":"b:1","dp_size":2}]}}}`))
 	require.NoError(t, err)
 	r := NewRouter(&cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	for i := 0; i < 8; i++ {

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"strconv"
 )
@@ -38,7 +39,7 @@ type PoolTargets struct {
 }
 
 // NewPoolTargets expands a pool's endpoints into targets.
-func NewPoolTargets(p Pool) *PoolTargets {
+func NewPoolTargets(p config.Pool) *PoolTargets {
 	pt := &PoolTargets{}
 	maxDP := 0
 	for _, e := range p.Endpoints {
@@ -57,7 +58,7 @@ func NewPoolTargets(p Pool) *PoolTargets {
 			}
 			bp := e.BootstrapPort
 			if bp == 0 {
-				bp = DefaultBootstrapPort
+				bp = config.DefaultBootstrapPort
 			}
 			worker := e.DPRankStart + rank
 			t := Target{

@@ -4,6 +4,7 @@ import (
 	"math/rand"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -74,7 +75,7 @@ func TestAPrefixEveryEntrySlotHoldsCountsAsHeldByAll(t *testing.T) {
 	// rather than sending every such request to the four the entry happens to name.
 	// With the prompt on three targets only, the named holders' cache wins.
 	js := `{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":6}]}},"balance":{"fair_share_multiplier":100}}`
-	cfg, err := ParseConfig([]byte(js))
+	cfg, err := config.ParseConfig([]byte(js))
 	require.NoError(t, err)
 	rng := rand.New(rand.NewSource(9))
 	system := words(rng, 4000)

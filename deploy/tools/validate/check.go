@@ -10,21 +10,21 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
-	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/config"
 )
 
 // Result is what checking a set of files found.
 type Result struct {
 	Files          []string // every YAML file checked
-	Bootstraps     map[string][]routing.Config
-	Kustomizations map[string][]routing.Config // rendered kustomization dir → plugin configs
+	Bootstraps     map[string][]config.Config
+	Kustomizations map[string][]config.Config // rendered kustomization dir → plugin configs
 	Docs           int
 }
 
 // CheckFile validates every document of one file on its own: an Envoy bootstrap fully
 // (API and kvroute's needs), kvroute's plugin configuration on its own with kvroute's
 // parser, a Kubernetes-style document against its kind's API.
-func CheckFile(path string) ([]routing.Config, []*Object, error) {
+func CheckFile(path string) ([]config.Config, []*Object, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, err
@@ -36,7 +36,7 @@ func CheckFile(path string) ([]routing.Config, []*Object, error) {
 	if len(docs) == 0 {
 		return nil, nil, fmt.Errorf("%s: no YAML document", path)
 	}
-	var cfgs []routing.Config
+	var cfgs []config.Config
 	var objs []*Object
 	var errs []error
 	for _, d := range docs {
@@ -67,7 +67,7 @@ func CheckFile(path string) ([]routing.Config, []*Object, error) {
 
 // Render builds a kustomization directory with kustomize and validates every
 // resource it produces, then the set as a whole (CheckIstioSet).
-func Render(dir string) ([]routing.Config, []*Object, error) {
+func Render(dir string) ([]config.Config, []*Object, error) {
 	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
 	rm, err := k.Run(filesys.MakeFsOnDisk(), dir)
 	if err != nil {
@@ -109,7 +109,7 @@ func CheckTree(root string) (*Result, error) {
 	if len(files) == 0 {
 		return nil, fmt.Errorf("no YAML files under %s/deploy or %s/istio", root, root)
 	}
-	res := &Result{Files: files, Bootstraps: map[string][]routing.Config{}, Kustomizations: map[string][]routing.Config{}}
+	res := &Result{Files: files, Bootstraps: map[string][]config.Config{}, Kustomizations: map[string][]config.Config{}}
 	var errs []error
 	var kdirs []string
 	covered := map[string]bool{}
@@ -160,19 +160,19 @@ func CheckTree(root string) (*Result, error) {
 
 // CheckPluginConfig validates kvroute's plugin configuration on its own (a file that
 // holds only the JSON, or its YAML form) with kvroute's parser.
-func CheckPluginConfig(src string, js []byte) (routing.Config, error) {
+func CheckPluginConfig(src string, js []byte) (config.Config, error) {
 	cfg, err := parsePluginConfig(js)
 	if err != nil {
-		return routing.Config{}, fmt.Errorf("%s: plugin configuration: %w", src, err)
+		return config.Config{}, fmt.Errorf("%s: plugin configuration: %w", src, err)
 	}
 	return cfg, nil
 }
 
 // parsePluginConfig is routing.ParseConfig, with the line and column of a JSON syntax
 // error (the plugin says only that the JSON is invalid).
-func parsePluginConfig(js []byte) (routing.Config, error) {
+func parsePluginConfig(js []byte) (config.Config, error) {
 	if err := jsonSyntax(js); err != nil {
-		return routing.Config{}, fmt.Errorf("line %w", err)
+		return config.Config{}, fmt.Errorf("line %w", err)
 	}
-	return routing.ParseConfig(js)
+	return config.ParseConfig(js)
 }

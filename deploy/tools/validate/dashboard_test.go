@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/config"
 )
 
 // promName is the name Envoy's /stats/prometheus gives a stat that no tag was lifted
@@ -109,6 +110,6 @@ func mustRead(t *testing.T, p string) []byte {
 	return b
 }
 
-func routingTargets(cfg routing.Config) []routing.Target {
+func routingTargets(cfg config.Config) []routing.Target {
 	return routing.NewPoolTargets(cfg.Pools.Decode).Targets
 }

@@ -6,7 +6,7 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 
-	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/config"
 )
 
 // istioAdminCluster is the cluster every istio-proxy's bootstrap defines to reach the
@@ -16,18 +16,18 @@ const istioAdminCluster = "prometheus_stats"
 
 // discoveredPools lists the pools of cfg (the top level's and every fleet's of models)
 // that have discovery, with their config path.
-func discoveredPools(cfg routing.Config) []struct {
+func discoveredPools(cfg config.Config) []struct {
 	field string
-	d     *routing.DiscoveryConfig
+	d     *config.DiscoveryConfig
 } {
 	var out []struct {
 		field string
-		d     *routing.DiscoveryConfig
+		d     *config.DiscoveryConfig
 	}
 	for _, fv := range fleetViews(cfg) {
 		for _, p := range []struct {
 			field string
-			d     *routing.DiscoveryConfig
+			d     *config.DiscoveryConfig
 		}{{fv.field + "pools.decode.discovery", fv.cfg.Pools.Decode.Discovery}, {fv.field + "pools.prefill.discovery", fv.cfg.Pools.Prefill.Discovery}} {
 			if p.d != nil {
 				out = append(out, p)
@@ -43,7 +43,7 @@ func discoveredPools(cfg routing.Config) []struct {
 // a route reaches it, and it honours the destination through override_host (an
 // ORIGINAL_DST cluster has no host list to discover: its hosts are made per request).
 // With http: discovery.cluster exists.
-func (c *bootstrapCheck) checkDiscovery(cfg routing.Config) {
+func (c *bootstrapCheck) checkDiscovery(cfg config.Config) {
 	for _, p := range discoveredPools(cfg) {
 		name := p.d.Cluster
 		cl, ok := c.clusters[name]
@@ -51,7 +51,7 @@ func (c *bootstrapCheck) checkDiscovery(cfg routing.Config) {
 			c.fail("%s.cluster %q does not exist", p.field, name)
 			continue
 		}
-		if p.d.Source != routing.DiscoveryEnvoyAdmin {
+		if p.d.Source != config.DiscoveryEnvoyAdmin {
 			continue
 		}
 		c.adminClusters = append(c.adminClusters, name)
@@ -95,10 +95,10 @@ func (c *bootstrapCheck) checkAdminNotRouted() {
 // envoy_admin, discovery.cluster is the bootstrap's admin cluster (or one an EnvoyFilter
 // on the same workloads adds) and service_cluster is a service's outbound cluster with
 // override_host; with http, discovery.cluster is a service's outbound cluster.
-func checkIstioDiscovery(cfg routing.Config, added map[string]bool, need func(what, host string, port uint32, headers ...string),
+func checkIstioDiscovery(cfg config.Config, added map[string]bool, need func(what, host string, port uint32, headers ...string),
 	needService func(what, host string, port uint32), fail func(string, ...any)) {
 	for _, p := range discoveredPools(cfg) {
-		if p.d.Source == routing.DiscoveryEnvoyAdmin {
+		if p.d.Source == config.DiscoveryEnvoyAdmin {
 			if p.d.Cluster != istioAdminCluster && !added[p.d.Cluster] {
 				fail("%s.cluster %q: in Istio use %q, the bootstrap's cluster to the proxy's admin (or add one with an EnvoyFilter)",
 					p.field, p.d.Cluster, istioAdminCluster)

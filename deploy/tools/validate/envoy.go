@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/config"
 )
 
 // envoyDefaultBufferLimit is Envoy's per-connection buffer limit when none is set.
@@ -34,7 +35,7 @@ const minStreamingTimeout = 10 * time.Minute
 
 // CheckBootstrap validates one Envoy bootstrap (as JSON) against Envoy's API and then
 // against what kvroute needs. It returns the plugin configurations it found.
-func CheckBootstrap(src string, js []byte) ([]routing.Config, error) {
+func CheckBootstrap(src string, js []byte) ([]config.Config, error) {
 	b := &bootstrapv3.Bootstrap{}
 	if err := UnmarshalEnvoy(js, b, 0); err != nil {
 		return nil, fmt.Errorf("%s: Envoy API: %w", src, err)
@@ -74,7 +75,7 @@ type bootstrapCheck struct {
 	b        *bootstrapv3.Bootstrap
 	clusters map[string]*clusterv3.Cluster
 	routed   map[string]bool
-	cfgs     []routing.Config
+	cfgs     []config.Config
 	wasmSeen bool // a wasm filter was found, whether or not its configuration parsed
 	errs     []error
 
@@ -223,7 +224,7 @@ func (c *bootstrapCheck) checkHCM(l *listenerv3.Listener, hcm *hcmv3.HttpConnect
 func (c *bootstrapCheck) checkFleetClusters(fv fleetView) {
 	cfg := fv.cfg
 	switch cfg.Disaggregation.Mode {
-	case routing.ModeVLLM, routing.ModeTRTLLM, routing.ModeSGLang:
+	case config.ModeVLLM, config.ModeTRTLLM, config.ModeSGLang:
 		if fv.field != "" || len(cfg.Pools.Decode.Endpoints) > 0 || cfg.Pools.Decode.Discovery != nil {
 			c.checkPrefillCluster(fv)
 		}
@@ -254,7 +255,7 @@ func (c *bootstrapCheck) checkFleetClusters(fv fleetView) {
 	// addresses, not names.
 	for _, p := range []struct {
 		name string
-		pool routing.Pool
+		pool config.Pool
 	}{{"pools.decode", cfg.Pools.Decode}, {"pools.prefill", cfg.Pools.Prefill}} {
 		for i, e := range p.pool.Endpoints {
 			if _, err := netip.ParseAddrPort(e.Address); err != nil {
@@ -291,10 +292,10 @@ func (c *bootstrapCheck) checkPrefillCluster(fv fleetView) {
 // named under ("" or "models[i].").
 type fleetView struct {
 	field string
-	cfg   routing.Config
+	cfg   config.Config
 }
 
-func fleetViews(cfg routing.Config) []fleetView {
+func fleetViews(cfg config.Config) []fleetView {
 	out := []fleetView{{"", cfg}}
 	for i, m := range cfg.Models {
 		fc := cfg
@@ -305,7 +306,7 @@ func fleetViews(cfg routing.Config) []fleetView {
 	return out
 }
 
-func (c *bootstrapCheck) checkWasm(where string, pc *wasmv3.PluginConfig) (routing.Config, bool) {
+func (c *bootstrapCheck) checkWasm(where string, pc *wasmv3.PluginConfig) (config.Config, bool) {
 	if !pc.GetFailOpen() && pc.GetFailurePolicy() != wasmv3.FailurePolicy_FAIL_OPEN {
 		c.fail("%s: the wasm filter must fail open (fail_open: true)", where)
 	}
@@ -319,17 +320,17 @@ func (c *bootstrapCheck) checkWasm(where string, pc *wasmv3.PluginConfig) (routi
 	sv, ok := unpack(pc.GetConfiguration()).(*wrapperspb.StringValue)
 	if !ok {
 		c.fail("%s: configuration must be a google.protobuf.StringValue holding kvroute's JSON", where)
-		return routing.Config{}, false
+		return config.Config{}, false
 	}
 	cfg, err := parsePluginConfig([]byte(sv.GetValue()))
 	if err != nil {
 		c.fail("%s: plugin configuration: %v", where, err)
-		return routing.Config{}, false
+		return config.Config{}, false
 	}
 	return cfg, true
 }
 
-func (c *bootstrapCheck) requireMembers(name string, cl *clusterv3.Cluster, poolName string, pool routing.Pool) {
+func (c *bootstrapCheck) requireMembers(name string, cl *clusterv3.Cluster, poolName string, pool config.Pool) {
 	members := clusterMembers(cl)
 	for i, e := range pool.Endpoints {
 		if ap, err := netip.ParseAddrPort(e.Address); err == nil && !members[ap] {
@@ -340,7 +341,7 @@ func (c *bootstrapCheck) requireMembers(name string, cl *clusterv3.Cluster, pool
 
 // OwnedHeaders lists the request headers the filter writes (and strips from clients).
 // With trust_client_dp_rank the client may send the rank header, so it is left out.
-func OwnedHeaders(cfg routing.Config) []string {
+func OwnedHeaders(cfg config.Config) []string {
 	hs := []string{cfg.Headers.Destination}
 	if !cfg.TrustClientDPRank {
 		hs = append(hs, cfg.Headers.DPRank)
@@ -358,7 +359,7 @@ func OwnedHeaders(cfg routing.Config) []string {
 // trustedRankStripped refuses trust_client_dp_rank while an early header mutation
 // removes the rank header: the mutation runs before any filter, so the client's rank
 // never reaches kvroute and the setting does nothing.
-func trustedRankStripped(cfg routing.Config, removed map[string]bool) error {
+func trustedRankStripped(cfg config.Config, removed map[string]bool) error {
 	if cfg.TrustClientDPRank && removed[cfg.Headers.DPRank] {
 		return fmt.Errorf("trust_client_dp_rank is true, but an early header mutation removes %q before the filter runs, "+
 			"so no client rank ever arrives: drop that removal (or set trust_client_dp_rank to false)", cfg.Headers.DPRank)
@@ -501,7 +502,7 @@ func ExtractTags(name string, specs []*metricsv3.TagSpecifier) (string, map[stri
 // CheckStatsTags requires the stats tags to turn every decode target's gauge into
 // kvroute_target_active_requests{kvroute_endpoint=...,kvroute_rank=...} and to leave the
 // other kvroute stats alone.
-func CheckStatsTags(specs []*metricsv3.TagSpecifier, cfg routing.Config) error {
+func CheckStatsTags(specs []*metricsv3.TagSpecifier, cfg config.Config) error {
 	var errs []error
 	var targets []routing.Target
 	for _, fv := range fleetViews(cfg) {

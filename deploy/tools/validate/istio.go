@@ -18,7 +18,7 @@ import (
 	typev1beta1 "istio.io/api/type/v1beta1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
-	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/config"
 )
 
 // CheckIstioSet checks a complete set of resources (a rendered kustomization) for what
@@ -27,9 +27,9 @@ import (
 // destination header honoured (override_host) on the cluster of every service the
 // gateway routes to and of every cluster the plugin calls, remove the owned headers
 // early, and raise the buffers above max_body_bytes.
-func CheckIstioSet(name string, objs []*Object) ([]routing.Config, error) {
+func CheckIstioSet(name string, objs []*Object) ([]config.Config, error) {
 	set := &istioSet{name: name, objs: objs, services: servicePorts(objs)}
-	var cfgs []routing.Config
+	var cfgs []config.Config
 	nPlugins := 0
 	for _, o := range objs {
 		if o.WasmPlugin == nil {
@@ -77,7 +77,7 @@ func servicePorts(objs []*Object) map[string]map[uint32]bool {
 type pluginCheck struct {
 	set   *istioSet
 	where string // "WasmPlugin ns/name", the prefix of every problem
-	cfg   routing.Config
+	cfg   config.Config
 	mesh  meshPatches
 }
 
@@ -87,7 +87,7 @@ func (p *pluginCheck) fail(f string, a ...any) {
 
 // checkPlugin checks one WasmPlugin and what the set provides for it, and returns its
 // parsed config when the config parses.
-func (s *istioSet) checkPlugin(o *Object) (routing.Config, bool) {
+func (s *istioSet) checkPlugin(o *Object) (config.Config, bool) {
 	wp := o.WasmPlugin
 	p := &pluginCheck{set: s, where: fmt.Sprintf("WasmPlugin %s/%s", o.Meta.Namespace, o.Meta.Name)}
 	p.checkPluginFields(wp)
@@ -97,7 +97,7 @@ func (s *istioSet) checkPlugin(o *Object) (routing.Config, bool) {
 	}
 	cfg, ok := p.parseConfig(wp)
 	if !ok {
-		return routing.Config{}, false
+		return config.Config{}, false
 	}
 	p.cfg = cfg
 	p.checkEndpointAddresses()
@@ -131,16 +131,16 @@ func (p *pluginCheck) checkPluginFields(wp *extensionsv1alpha1.WasmPlugin) {
 }
 
 // parseConfig parses pluginConfig with kvroute's own parser.
-func (p *pluginCheck) parseConfig(wp *extensionsv1alpha1.WasmPlugin) (routing.Config, bool) {
+func (p *pluginCheck) parseConfig(wp *extensionsv1alpha1.WasmPlugin) (config.Config, bool) {
 	js, err := pluginConfigJSON(wp)
 	if err != nil {
 		p.fail("pluginConfig: %v", err)
-		return routing.Config{}, false
+		return config.Config{}, false
 	}
-	cfg, err := routing.ParseConfig(js)
+	cfg, err := config.ParseConfig(js)
 	if err != nil {
 		p.fail("pluginConfig: %v", err)
-		return routing.Config{}, false
+		return config.Config{}, false
 	}
 	return cfg, true
 }
@@ -151,7 +151,7 @@ func (p *pluginCheck) checkEndpointAddresses() {
 	for _, fv := range fleetViews(p.cfg) {
 		for _, pool := range []struct {
 			name string
-			pool routing.Pool
+			pool config.Pool
 		}{{"pools.decode", fv.cfg.Pools.Decode}, {"pools.prefill", fv.cfg.Pools.Prefill}} {
 			for i, e := range pool.pool.Endpoints {
 				if _, err := netip.ParseAddrPort(e.Address); err != nil {
@@ -173,7 +173,7 @@ type meshPatches struct {
 
 // meshPatchesFor gathers the MERGE patches (and the clusters ADD patches create) of the EnvoyFilters in namespace ns that
 // attach to the same workloads (target) as the plugin.
-func (s *istioSet) meshPatchesFor(ns, target string, cfg routing.Config) meshPatches {
+func (s *istioSet) meshPatchesFor(ns, target string, cfg config.Config) meshPatches {
 	m := meshPatches{
 		overrideHost:  map[string][]string{},
 		removedEarly:  map[string]bool{},
@@ -223,7 +223,7 @@ func (s *istioSet) meshPatchesFor(ns, target string, cfg routing.Config) meshPat
 
 // addClusterPatch records a cluster patch's override_host headers and a buffer limit
 // too small for max_body_bytes.
-func (m *meshPatches) addClusterPatch(p *networkingv1alpha3.EnvoyFilter_EnvoyConfigObjectPatch, cfg routing.Config) {
+func (m *meshPatches) addClusterPatch(p *networkingv1alpha3.EnvoyFilter_EnvoyConfigObjectPatch, cfg config.Config) {
 	cm := p.GetMatch().GetCluster()
 	cl := &clusterv3.Cluster{}
 	if cm == nil || !envoyPatchValue(p, cl) {
@@ -322,7 +322,7 @@ func (p *pluginCheck) checkPrefillCluster() {
 	for _, fv := range fleetViews(cfg) {
 		d := fv.cfg.Disaggregation
 		topUnused := fv.field == "" && len(cfg.Models) > 0 && len(cfg.Pools.Decode.Endpoints) == 0 && cfg.Pools.Decode.Discovery == nil
-		if m := d.Mode; topUnused || m != routing.ModeVLLM && m != routing.ModeTRTLLM && m != routing.ModeSGLang {
+		if m := d.Mode; topUnused || m != config.ModeVLLM && m != config.ModeTRTLLM && m != config.ModeSGLang {
 			continue
 		}
 		field := fv.field + "disaggregation.prefill_cluster"

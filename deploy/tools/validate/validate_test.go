@@ -11,7 +11,7 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 
-	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/config"
 )
 
 func repoRoot(t *testing.T) string {
@@ -48,7 +48,7 @@ func TestShippedFiles(t *testing.T) {
 		}
 	}
 	pd := res.Bootstraps[filepath.Join(root, "deploy/envoy/pd.yaml")]
-	if len(pd) == 1 && (pd[0].Disaggregation.Mode != routing.ModeVLLM || !pd[0].EngineMetrics.Enabled ||
+	if len(pd) == 1 && (pd[0].Disaggregation.Mode != config.ModeVLLM || !pd[0].EngineMetrics.Enabled ||
 		pd[0].Disaggregation.PrefillCluster != "kvroute_prefill" || pd[0].EngineMetrics.Cluster != "kvroute_metrics") {
 		t.Errorf("pd.yaml: want inline vllm P/D through kvroute_prefill and engine metrics through kvroute_metrics, got %+v %+v",
 			pd[0].Disaggregation, pd[0].EngineMetrics)
@@ -75,7 +75,7 @@ func TestShippedFiles(t *testing.T) {
 		t.Errorf("vllm-dp: the patch must give the discovered pods dp_size 2, got %+v", dp[0].Pools.Decode)
 	}
 	ipd := res.Kustomizations[filepath.Join(root, "istio/examples/pd")]
-	if len(ipd) == 1 && (ipd[0].Disaggregation.Mode != routing.ModeVLLM || ipd[0].Pools.Prefill.Discovery == nil ||
+	if len(ipd) == 1 && (ipd[0].Disaggregation.Mode != config.ModeVLLM || ipd[0].Pools.Prefill.Discovery == nil ||
 		ipd[0].Pools.Prefill.Discovery.ServiceCluster != ipd[0].Disaggregation.PrefillCluster) {
 		t.Errorf("istio pd: want inline vllm P/D with a prefill pool discovered from the prefill cluster, got %+v %+v",
 			ipd[0].Disaggregation, ipd[0].Pools.Prefill)
@@ -104,12 +104,12 @@ func TestShippedFiles(t *testing.T) {
 // discovered through the proxy's own admin (prometheus_stats). The one pool that may
 // be empty is the top-level decode pool of a configuration with models: a model no
 // fleet names then gets kvroute's 404.
-func istioPoolProblems(c routing.Config) []string {
+func istioPoolProblems(c config.Config) []string {
 	var out []string
 	for _, fv := range fleetViews(c) {
 		for _, p := range []struct {
 			name string
-			pool routing.Pool
+			pool config.Pool
 		}{{"pools.decode", fv.cfg.Pools.Decode}, {"pools.prefill", fv.cfg.Pools.Prefill}} {
 			if len(p.pool.Endpoints) != 0 {
 				out = append(out, fmt.Sprintf("%s%s: static endpoints %+v: discover them", fv.field, p.name, p.pool.Endpoints))
@@ -119,7 +119,7 @@ func istioPoolProblems(c routing.Config) []string {
 		if fv.field == "" && len(c.Models) > 0 && d == nil && len(c.Pools.Decode.Endpoints) == 0 {
 			continue
 		}
-		if d == nil || d.Source != routing.DiscoveryEnvoyAdmin || d.Cluster != "prometheus_stats" {
+		if d == nil || d.Source != config.DiscoveryEnvoyAdmin || d.Cluster != "prometheus_stats" {
 			out = append(out, fmt.Sprintf("%spools.decode: want it discovered through prometheus_stats, got %+v", fv.field, d))
 		}
 	}
@@ -156,7 +156,7 @@ func TestIstioPoolRule(t *testing.T) {
 			{"discovery": {"source": "http", "cluster": "outbound|8080||lister.llm.svc.cluster.local", "path": "/endpoints"}}}}]}`,
 			[]string{"models[0].pools.decode: want it discovered through prometheus_stats"}},
 	} {
-		cfg, err := routing.ParseConfig([]byte(tc.js))
+		cfg, err := config.ParseConfig([]byte(tc.js))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -378,7 +378,7 @@ func TestExtractTags(t *testing.T) {
 	}
 	// A wider fleet than the shipped one: IPv6, DNS-like names, two-digit ranks.
 	cfg := cfgs[0]
-	cfg.Pools.Decode.Endpoints = []routing.Endpoint{{Address: "[2001:db8::1]:8000", DPSize: 12}, {Address: "10.1.2.3:65535", DPSize: 1}}
+	cfg.Pools.Decode.Endpoints = []config.Endpoint{{Address: "[2001:db8::1]:8000", DPSize: 12}, {Address: "10.1.2.3:65535", DPSize: 1}}
 	b := loadBootstrap(t, docs[0].JSON)
 	if err := CheckStatsTags(b.GetStatsConfig().GetStatsTags(), cfg); err != nil {
 		t.Fatal(err)
@@ -399,7 +399,7 @@ func loadBootstrap(t *testing.T, js []byte) *bootstrapv3.Bootstrap {
 }
 
 // checkText checks one file written from text and returns what the check said.
-func checkText(t *testing.T, name, text string) ([]routing.Config, error) {
+func checkText(t *testing.T, name, text string) ([]config.Config, error) {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {

@@ -1,4 +1,4 @@
-package routing
+package config
 
 // Config is the whole plugin configuration (reference: docs/configuration.md, held to
 // these structs by TestConfigDocs). It is built by ParseConfig from

@@ -1,4 +1,4 @@
-package routing
+package config
 
 import (
 	"bufio"
@@ -15,7 +15,7 @@ import (
 
 // configDocsPath is the operator's configuration reference, which must name every
 // field of Config, with its type and default, and nothing else.
-const configDocsPath = "../docs/configuration.md"
+const configDocsPath = "../../docs/configuration.md"
 
 // docRow is one field row of the reference: | `path` | type | default | range | meaning |.
 type docRow struct {

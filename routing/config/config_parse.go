@@ -1,4 +1,4 @@
-package routing
+package config
 
 // ParseConfig turns the plugin configuration JSON (Envoy's `configuration`, Istio's
 // `pluginConfig`) into a Config (reference: docs/configuration.md). Every absent field
