@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvroute/kvroute/routing"
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/pdbody"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 )
 
@@ -58,7 +59,7 @@ func (c *httpContext) startPD(body []byte) (wait bool) {
 	m := c.plugin.metrics
 	if mode != nil && body != nil && !c.unparsable {
 		// In a P/D fleet only kvroute sets the engines' P/D members: a client's go.
-		if stripped, changed := routing.StripPDFields(body); changed {
+		if stripped, changed := pdbody.StripPDFields(body); changed {
 			c.replaceBody(stripped)
 			body, c.body = stripped, stripped
 		}

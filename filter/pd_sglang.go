@@ -1,6 +1,6 @@
 package main
 
-import "github.com/kvroute/kvroute/routing"
+import "github.com/kvroute/kvroute/routing/pdbody"
 
 // sglangMode sends the same body, with the prefill's bootstrap address and a room, to
 // the prefill and the decode target at once; the decoder pulls the KV cache through
@@ -9,8 +9,8 @@ type sglangMode struct{ inlineMode }
 
 func (sglangMode) start(c *httpContext, body []byte) bool {
 	d := &c.decision
-	room := routing.BootstrapRoom(c.req.Identity)
-	both, err := routing.SGLangBootstrapBody(body, routing.HostOfAddress(d.Prefill.Address), d.Prefill.BootstrapPort, room)
+	room := pdbody.BootstrapRoom(c.req.Identity)
+	both, err := pdbody.SGLangBootstrapBody(body, pdbody.HostOfAddress(d.Prefill.Address), d.Prefill.BootstrapPort, room)
 	// The same body goes to both at once: the prefill's answer is only drained.
 	if c.sendPrefill(both, err) {
 		c.replaceBody(both)

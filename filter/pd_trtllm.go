@@ -1,7 +1,7 @@
 package main
 
 import (
-	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/pdbody"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 )
 
@@ -10,14 +10,14 @@ import (
 type trtllmMode struct{ inlineMode }
 
 func (trtllmMode) start(c *httpContext, body []byte) bool {
-	return c.sendPrefill(routing.TRTLLMContextBody(body))
+	return c.sendPrefill(pdbody.TRTLLMContextBody(body))
 }
 
 func (trtllmMode) prefillAnswered(c *httpContext, status int, answer []byte) {
 	if !c.prefillSucceeded(status, answer) {
 		return
 	}
-	generation, passthrough, err := routing.TRTLLMGenerationBody(c.body, answer)
+	generation, passthrough, err := pdbody.TRTLLMGenerationBody(c.body, answer)
 	switch {
 	case err != nil:
 		c.prefillFailed()

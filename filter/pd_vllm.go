@@ -1,7 +1,7 @@
 package main
 
 import (
-	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/pdbody"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 )
 
@@ -10,14 +10,14 @@ import (
 type vllmMode struct{ inlineMode }
 
 func (vllmMode) start(c *httpContext, body []byte) bool {
-	return c.sendPrefill(routing.VLLMPrefillBody(body))
+	return c.sendPrefill(pdbody.VLLMPrefillBody(body))
 }
 
 func (vllmMode) prefillAnswered(c *httpContext, status int, answer []byte) {
 	if !c.prefillSucceeded(status, answer) {
 		return
 	}
-	decodeBody, err := routing.VLLMDecodeBody(c.body, answer)
+	decodeBody, err := pdbody.VLLMDecodeBody(c.body, answer)
 	if err != nil {
 		c.prefillFailed()
 	} else {

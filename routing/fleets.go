@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/hashx"
+	"github.com/kvroute/kvroute/routing/jsonscan"
 )
 
 // Fleets picks the Router that serves a request's model (docs/behaviour.md, Several
@@ -110,7 +111,7 @@ func (f *Fleets) CatalogueBody() []byte {
 			b = append(b, ',')
 		}
 		b = append(b, `{"id":`...)
-		b = appendJSONString(b, m.Name)
+		b = jsonscan.AppendQuoted(b, m.Name)
 		b = append(b, `,"object":"model","created":0,"owned_by":"kvroute"}`...)
 	}
 	return append(b, "]}"...)
@@ -126,6 +127,6 @@ func ModelNotFoundBody(model string) []byte {
 		model = model[:modelInErrorMax] + "..." // a split rune becomes U+FFFD
 	}
 	b := []byte(`{"error":{"message":`)
-	b = appendJSONString(b, "The model `"+model+"` does not exist.")
+	b = jsonscan.AppendQuoted(b, "The model `"+model+"` does not exist.")
 	return append(b, `,"type":"invalid_request_error","param":"model","code":"model_not_found"}}`...)
 }

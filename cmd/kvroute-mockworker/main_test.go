@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
 
-	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/pdbody"
 )
 
 // startWorker serves a worker configured by cfg on a loopback httptest server.
@@ -529,12 +529,12 @@ func TestProtocolsWithRoutingBuilders(t *testing.T) {
 	orig := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":50}`)
 
 	// vLLM NixlConnector.
-	pb, err := routing.VLLMPrefillBody(orig)
+	pb, err := pdbody.VLLMPrefillBody(orig)
 	require.NoError(t, err)
 	resp, presp := post(t, pre, "/v1/chat/completions", string(pb))
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, legVLLMPre, resp.Header.Get("x-mock-leg"))
-	db, err := routing.VLLMDecodeBody(orig, presp)
+	db, err := pdbody.VLLMDecodeBody(orig, presp)
 	require.NoError(t, err)
 	resp, dresp := post(t, dec, "/v1/chat/completions", string(db))
 	require.Equal(t, http.StatusOK, resp.StatusCode)
@@ -544,11 +544,11 @@ func TestProtocolsWithRoutingBuilders(t *testing.T) {
 	assert.Equal(t, "pre", gjson.Get(data[0], "mock.kv_transfer_params.remote_engine_id").Str)
 
 	// TensorRT-LLM, both finish reasons.
-	cb, err := routing.TRTLLMContextBody(orig)
+	cb, err := pdbody.TRTLLMContextBody(orig)
 	require.NoError(t, err)
 	resp, cresp := post(t, pre, "/v1/chat/completions", string(cb))
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	gb, pass, err := routing.TRTLLMGenerationBody(orig, cresp)
+	gb, pass, err := pdbody.TRTLLMGenerationBody(orig, cresp)
 	require.NoError(t, err)
 	require.False(t, pass)
 	resp, gresp := post(t, dec, "/v1/chat/completions", string(gb))
@@ -558,24 +558,24 @@ func TestProtocolsWithRoutingBuilders(t *testing.T) {
 	assert.Equal(t, "123", gjson.Get(data[0], "mock.disaggregated_params.ctx_request_id").Raw)
 
 	finished := []byte(`{"messages":[{"role":"user","content":"FINISH_IN_CONTEXT"}]}`)
-	cb, err = routing.TRTLLMContextBody(finished)
+	cb, err = pdbody.TRTLLMContextBody(finished)
 	require.NoError(t, err)
 	_, cresp = post(t, pre, "/v1/chat/completions", string(cb))
-	gb, pass, err = routing.TRTLLMGenerationBody(finished, cresp)
+	gb, pass, err = pdbody.TRTLLMGenerationBody(finished, cresp)
 	require.NoError(t, err)
 	assert.True(t, pass)
 	assert.Nil(t, gb)
 
 	// SGLang bootstrap: the same body to both.
-	host := routing.HostOfAddress(strings.TrimPrefix(pre.URL, "http://"))
-	sb, err := routing.SGLangBootstrapBody(orig, host, 30001, routing.BootstrapRoom(42))
+	host := pdbody.HostOfAddress(strings.TrimPrefix(pre.URL, "http://"))
+	sb, err := pdbody.SGLangBootstrapBody(orig, host, 30001, pdbody.BootstrapRoom(42))
 	require.NoError(t, err)
 	_, sp := post(t, pre, "/v1/chat/completions", string(sb))
 	_, data = sseEvents(t, sp)
 	assert.True(t, gjson.Get(data[0], "mock.bootstrap.matches_self").Bool())
 	_, sd := post(t, dec, "/v1/chat/completions", string(sb))
 	_, data = sseEvents(t, sd)
-	assert.Equal(t, strconv.FormatUint(routing.BootstrapRoom(42), 10), gjson.Get(data[0], "mock.bootstrap.bootstrap_room").Raw)
+	assert.Equal(t, strconv.FormatUint(pdbody.BootstrapRoom(42), 10), gjson.Get(data[0], "mock.bootstrap.bootstrap_room").Raw)
 }
 
 func TestNewWorkerRejectsBadConfig(t *testing.T) {

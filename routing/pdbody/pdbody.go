@@ -1,10 +1,10 @@
-package routing
+// Package pdbody builds the request bodies of the inline prefill/decode protocols.
+package pdbody
 
 import (
 	"bytes"
 	"errors"
 	"strconv"
-	"unicode/utf8"
 	"unsafe"
 
 	"github.com/kvroute/kvroute/routing/hashx"
@@ -207,7 +207,7 @@ func SGLangBootstrapBody(body []byte, host string, port int, room uint64) ([]byt
 	if isIPv6Literal(host) {
 		host = "[" + host + "]"
 	}
-	hostJSON := appendJSONString(make([]byte, 0, len(host)+2), host)
+	hostJSON := jsonscan.AppendQuoted(make([]byte, 0, len(host)+2), host)
 	return rewriteObject(obj, []objectEdit{
 		{key: "bootstrap_host", raw: bytesToString(hostJSON), mode: editSet},
 		{key: "bootstrap_port", raw: strconv.Itoa(port), mode: editSet},
@@ -368,36 +368,6 @@ func isEmptyObject(v gjson.Result) bool {
 		return false
 	})
 	return empty
-}
-
-// appendJSONString appends s as a JSON string: quotes, backslashes and control characters
-// escaped, invalid UTF-8 replaced by U+FFFD.
-func appendJSONString(dst []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	dst = append(dst, '"')
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			switch {
-			case c == '"' || c == '\\':
-				dst = append(dst, '\\', c)
-			case c < 0x20:
-				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			default:
-				dst = append(dst, c)
-			}
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			dst = append(dst, "\ufffd"...)
-		} else {
-			dst = append(dst, s[i:i+size]...)
-		}
-		i += size
-	}
-	return append(dst, '"')
 }
 
 // bytesToString views b as a string without copying. The caller never writes b afterwards.

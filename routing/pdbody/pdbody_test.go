@@ -1,4 +1,4 @@
-package routing
+package pdbody
 
 import (
 	"bytes"
