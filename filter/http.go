@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
@@ -18,11 +19,11 @@ type httpContext struct {
 	plugin *pluginContext // the plugin (config, router fleets, metrics) the request runs in
 
 	phase      phase            // where the request is in its life
-	api        routing.API      // the API of the route the request came in on
+	api        extract.API      // the API of the route the request came in on
 	fleet      *routing.Fleet   // the fleet that serves the request's model
 	clientRank int              // the DP rank a trusted client asked for; routing.NoRank if none
 	requestID  string           // the request's x-request-id ("" until one is known)
-	req        routing.Request  // what the router is told about the request
+	req        extract.Request  // what the router is told about the request
 	decision   routing.Decision // the router's answer, with the load tickets to hand back
 	body       []byte           // the buffered body, kept while an inline prefill runs
 
@@ -187,7 +188,7 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 		// The VM decides one request at a time: one prompt buffer serves them all.
 		c.req.Prompt = p.promptBuf[:0]
 		defer func() { p.promptBuf, c.req.Prompt = c.req.Prompt[:0], nil }()
-		if err := routing.Extract(c.api, body, p.extractOpt, &c.req); err != nil {
+		if err := extract.Extract(c.api, body, p.extractOpt, &c.req); err != nil {
 			// Fail open: Extract left no prompt, so this routes by load alone, and the
 			// body is forwarded untouched (never rewritten for an inline prefill).
 			p.metrics.parseErrors.Increment(1)

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -14,9 +14,9 @@ import (
 
 // tokensOf is the filter's token estimate of a chat body under the default config.
 func tokensOf(t *testing.T, body string) int {
-	var req routing.Request
-	opt := routing.ExtractOptions{CharsPerToken: 4, BlockTokens: 16}.Prepared()
-	require.NoError(t, routing.Extract(routing.APIChatCompletions, []byte(body), opt, &req))
+	var req extract.Request
+	opt := extract.ExtractOptions{CharsPerToken: 4, BlockTokens: 16}.Prepared()
+	require.NoError(t, extract.Extract(extract.APIChatCompletions, []byte(body), opt, &req))
 	return req.Tokens
 }
 

@@ -6,6 +6,7 @@ import (
 	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/routing"
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
@@ -17,11 +18,11 @@ type pluginContext struct {
 	fleets  *routing.Fleets
 	router  *routing.Router // the default fleet's: the top-level pools
 	metrics *metrics
-	routes  map[string]routing.API
+	routes  map[string]extract.API
 	owned   []string // owned header names, stripped from every request
 	roles   *headerRoles
 
-	extractOpt  routing.ExtractOptions
+	extractOpt  extract.ExtractOptions
 	promptBuf   []byte // the canonical prompt of the request being decided
 	lastScrape  int64
 	scrapeLease *routing.ScrapeLease
@@ -52,7 +53,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 		return types.OnPluginStartStatusFailed
 	}
 	p.cfg = cfg
-	p.extractOpt = routing.ExtractOptions{CharsPerToken: cfg.CharsPerToken, BlockTokens: cfg.Prefix.BlockTokens}
+	p.extractOpt = extract.ExtractOptions{CharsPerToken: cfg.CharsPerToken, BlockTokens: cfg.Prefix.BlockTokens}
 	if cfg.Conversation.Enabled {
 		p.extractOpt.BodyFields = cfg.Conversation.BodyFields
 	}
@@ -64,9 +65,9 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	p.metrics.models = defineModelMetrics(p.fleets.Models)
 	p.scrapeLease = routing.NewScrapeLease(shareddata.Store{}, cfg.State.Namespace, cfg.State.MaxCASRetries)
 	p.initDiscovery()
-	p.routes = map[string]routing.API{}
+	p.routes = map[string]extract.API{}
 	for _, r := range cfg.Routes {
-		p.routes[r] = routing.APIForPath(r)
+		p.routes[r] = extract.APIForPath(r)
 	}
 	h := cfg.Headers
 	for _, name := range []string{h.Destination, h.DPRank, h.PrefillDestination, h.PrefillDPRank, h.Decision, h.Model} {

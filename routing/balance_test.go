@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -93,7 +94,7 @@ func TestTieBreakIsDeterministicAcrossRouters(t *testing.T) {
 	b := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	spread := map[string]bool{}
 	for i := 0; i < 50; i++ {
-		req := &Request{Tokens: 100, Identity: hashx.FingerprintString(fmt.Sprint("req-", i))}
+		req := &extract.Request{Tokens: 100, Identity: hashx.FingerprintString(fmt.Sprint("req-", i))}
 		da, db := a.Decide(req, NoRank), b.Decide(req, NoRank)
 		assert.Equal(t, da.Target.ID, db.Target.ID)
 		spread[da.Target.Address] = true
@@ -107,8 +108,8 @@ func TestLedgerReleaseAndLeaseExpiry(t *testing.T) {
 	clock := &fakeClock{ms: 1_000_000}
 	cfg := testConfig(t, `,"state":{"lease_ms":8000}`)
 	r := NewRouter(cfg, newMemoryStore(), clock.now)
-	d1 := r.Decide(&Request{Tokens: 40, Identity: 1}, NoRank)
-	d2 := r.Decide(&Request{Tokens: 60, Identity: 2}, NoRank)
+	d1 := r.Decide(&extract.Request{Tokens: 40, Identity: 1}, NoRank)
+	d2 := r.Decide(&extract.Request{Tokens: 60, Identity: 2}, NoRank)
 	loads, err := r.Loads()
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), total(loads).Requests)
@@ -124,7 +125,7 @@ func TestLedgerReleaseAndLeaseExpiry(t *testing.T) {
 	assert.Equal(t, Load{}, total(loads))
 	require.NoError(t, r.FlushLoad())
 	// A late release of an expired ticket takes nothing from newer load.
-	d3 := r.Decide(&Request{Tokens: 7, Identity: 3}, NoRank)
+	d3 := r.Decide(&extract.Request{Tokens: 7, Identity: 3}, NoRank)
 	err = r.Release(d2.Ticket)
 	require.NoError(t, err)
 	loads, _ = r.Loads()
@@ -158,7 +159,7 @@ func TestLedgerHasNoLostUpdatesUnderConcurrency(t *testing.T) {
 			r := NewRouter(cfg, store, (&fakeClock{ms: 1e6}).now) // one Router per VM
 			var tickets []LoadTicket
 			for i := 0; i < each; i++ {
-				d := r.Decide(&Request{Tokens: 10, Identity: uint64(w*each + i), Conversation: uint64(i), HasConversation: i%2 == 0}, NoRank)
+				d := r.Decide(&extract.Request{Tokens: 10, Identity: uint64(w*each + i), Conversation: uint64(i), HasConversation: i%2 == 0}, NoRank)
 				if !d.Ticket.Valid {
 					mu.Lock()
 					failed++
@@ -229,7 +230,7 @@ func TestHealthEjectsAndRecovers(t *testing.T) {
 	moved := d.Target
 	_ = r.Release(d.Ticket)
 	for i := 0; i < 30; i++ {
-		d := r.Decide(&Request{Tokens: 5, Identity: uint64(i)}, NoRank)
+		d := r.Decide(&extract.Request{Tokens: 5, Identity: uint64(i)}, NoRank)
 		assert.NotEqual(t, bad.Address, d.Target.Address)
 		_ = r.Release(d.Ticket)
 	}
@@ -240,7 +241,7 @@ func TestHealthEjectsAndRecovers(t *testing.T) {
 	assert.Equal(t, moved.Address, d.Target.Address)
 	seen := map[string]bool{}
 	for i := 0; i < 30; i++ {
-		d := r.Decide(&Request{Tokens: 5, Identity: uint64(i)}, NoRank)
+		d := r.Decide(&extract.Request{Tokens: 5, Identity: uint64(i)}, NoRank)
 		seen[d.Target.Address] = true
 		_ = r.Release(d.Ticket)
 	}
@@ -254,7 +255,7 @@ func TestAllEjectedStillRoutes(t *testing.T) {
 	for _, tg := range r.DecodeTargets() {
 		_, _ = r.ReportHealth(tg, false, true)
 	}
-	d := r.Decide(&Request{Tokens: 5}, NoRank)
+	d := r.Decide(&extract.Request{Tokens: 5}, NoRank)
 	assert.Equal(t, KindLoad, d.Kind)
 	assert.NotEmpty(t, d.Target.Address)
 }

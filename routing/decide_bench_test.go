@@ -5,6 +5,8 @@ import (
 	"math/rand"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/routing/extract"
 )
 
 // BenchmarkRequestPath is one request's routing work at 4 KiB: extraction, the
@@ -22,13 +24,13 @@ func BenchmarkRequestPath(b *testing.B) {
 		}
 		bodies = append(bodies, []byte(`{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"`+sb.String()+`"}]}`))
 	}
-	opt := ExtractOptions{CharsPerToken: 4, BlockTokens: 16}
-	var req Request
+	opt := extract.ExtractOptions{CharsPerToken: 4, BlockTokens: 16}
+	var req extract.Request
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		req = Request{Prompt: req.Prompt[:0], Identity: uint64(i)}
-		_ = Extract(APIChatCompletions, bodies[i%len(bodies)], opt, &req)
+		req = extract.Request{Prompt: req.Prompt[:0], Identity: uint64(i)}
+		_ = extract.Extract(extract.APIChatCompletions, bodies[i%len(bodies)], opt, &req)
 		d := r.Decide(&req, NoRank)
 		_ = r.Release(d.Ticket)
 	}

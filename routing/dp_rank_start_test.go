@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -49,7 +50,7 @@ func TestTrustedRankIsReadInTheHeadersNumbering(t *testing.T) {
 		r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 		seen := map[string]bool{}
 		for i := 0; i < 40; i++ {
-			d := r.Decide(&Request{Tokens: 10, Identity: uint64(i)}, tc.rank)
+			d := r.Decide(&extract.Request{Tokens: 10, Identity: uint64(i)}, tc.rank)
 			seen[fmt.Sprintf("%s#%d", d.Target.Address, d.Target.Rank)] = true
 			_ = r.Release(d.Ticket)
 		}
@@ -64,7 +65,7 @@ func TestTrustedRankIsReadInTheHeadersNumbering(t *testing.T) {
 	r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	seen := map[string]bool{}
 	for i := 0; i < 80; i++ {
-		d := r.Decide(&Request{Tokens: 10, Identity: uint64(i)}, 5)
+		d := r.Decide(&extract.Request{Tokens: 10, Identity: uint64(i)}, 5)
 		seen[fmt.Sprintf("%s#%d", d.Target.Address, d.Target.Rank)] = true
 		_ = r.Release(d.Ticket)
 	}
@@ -74,7 +75,7 @@ func TestTrustedRankIsReadInTheHeadersNumbering(t *testing.T) {
 func TestTrustedRankWithoutStateUsesTheHeadersNumbering(t *testing.T) {
 	r := NewRouter(dpStartConfig(t, dpStartPools), failingStore{getErr: errors.New("host: internal failure")}, (&fakeClock{ms: 1e6}).now)
 	for i := 0; i < 20; i++ {
-		d := r.Decide(&Request{Tokens: 10, Identity: uint64(i)}, 3)
+		d := r.Decide(&extract.Request{Tokens: 10, Identity: uint64(i)}, 3)
 		require.Equal(t, KindFallback, d.Kind)
 		assert.Contains(t, []string{"b:1#3", "c:1#3"}, fmt.Sprintf("%s#%d", d.Target.Address, d.Target.Rank))
 	}
@@ -120,7 +121,7 @@ func TestEngineFiguresOfARankStart(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, r.PublishEngineFigures(false, "a:1", figures))
 	for i := 0; i < 20; i++ {
-		d := r.Decide(&Request{Tokens: 10, Identity: uint64(i)}, NoRank)
+		d := r.Decide(&extract.Request{Tokens: 10, Identity: uint64(i)}, NoRank)
 		assert.False(t, d.Target.Address == "a:1" && d.Target.Rank == 4, "rank 4 of a:1 is busy")
 		_ = r.Release(d.Ticket)
 	}

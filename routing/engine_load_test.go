@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -17,7 +18,7 @@ func TestEngineFiguresRaiseLoadWhileFresh(t *testing.T) {
 	require.NoError(t, r.PublishEngineFigures(false, "10.0.0.1:8000", map[int]EngineFigures{0: {Running: 20, Waiting: 10}}))
 	busy := 0
 	for i := 0; i < 30; i++ {
-		d := r.Decide(&Request{Tokens: 100, Identity: uint64(i)}, NoRank)
+		d := r.Decide(&extract.Request{Tokens: 100, Identity: uint64(i)}, NoRank)
 		if d.Target.Address == "10.0.0.1:8000" {
 			busy++
 		}
@@ -27,14 +28,14 @@ func TestEngineFiguresRaiseLoadWhileFresh(t *testing.T) {
 
 	// Another VM of the same Envoy reads the same board.
 	other := NewRouter(cfg, store, clock.now)
-	d := other.Decide(&Request{Tokens: 100, Identity: 99}, NoRank)
+	d := other.Decide(&extract.Request{Tokens: 100, Identity: 99}, NoRank)
 	assert.NotEqual(t, "10.0.0.1:8000", d.Target.Address)
 
 	// Figures older than stale_ms no longer count.
 	clock.ms += 5001
 	seen := map[string]bool{}
 	for i := 0; i < 30; i++ {
-		d := r.Decide(&Request{Tokens: 100, Identity: uint64(i)}, NoRank)
+		d := r.Decide(&extract.Request{Tokens: 100, Identity: uint64(i)}, NoRank)
 		seen[d.Target.Address] = true
 		_ = r.Release(d.Ticket)
 	}
@@ -47,7 +48,7 @@ func TestEngineFiguresPerDPRank(t *testing.T) {
 	r := NewRouter(&cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	require.NoError(t, r.PublishEngineFigures(false, "a:1", map[int]EngineFigures{0: {Running: 50}, 1: {Running: 0}, 7: {Running: 99}}))
 	for i := 0; i < 20; i++ {
-		d := r.Decide(&Request{Tokens: 10, Identity: uint64(i)}, NoRank)
+		d := r.Decide(&extract.Request{Tokens: 10, Identity: uint64(i)}, NoRank)
 		assert.False(t, d.Target.Address == "a:1" && d.Target.Rank == 0, "rank 0 of a:1 is busy")
 		_ = r.Release(d.Ticket)
 	}
@@ -58,7 +59,7 @@ func TestEngineFiguresIgnoredWhenDisabled(t *testing.T) {
 	require.NoError(t, r.PublishEngineFigures(false, "10.0.0.1:8000", map[int]EngineFigures{0: {Running: 100}}))
 	seen := map[string]bool{}
 	for i := 0; i < 30; i++ {
-		d := r.Decide(&Request{Tokens: 100, Identity: uint64(i)}, NoRank)
+		d := r.Decide(&extract.Request{Tokens: 100, Identity: uint64(i)}, NoRank)
 		seen[d.Target.Address] = true
 		_ = r.Release(d.Ticket)
 	}

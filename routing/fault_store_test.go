@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -102,8 +103,8 @@ var faultConfigs = map[string]string{
 
 // faultRequest is request i of a mixed stream: half with one of 20 conversation ids,
 // all with a prompt of a few blocks.
-func faultRequest(i int) *Request {
-	req := &Request{
+func faultRequest(i int) *extract.Request {
+	req := &extract.Request{
 		Model:      "m",
 		Prompt:     []byte(fmt.Sprintf("user:%0200d", i%13)),
 		BlockBytes: 64,

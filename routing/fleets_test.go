@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -47,7 +48,7 @@ func TestFleetsUnknownModel(t *testing.T) {
 	f := NewFleets(fleetsConfig(t, `{"models":[`+two+`]}`), newMemoryStore(), clock.now)
 	assert.Nil(t, f.Pick("b"), "no default pool: not served")
 	assert.Same(t, f.Default, f.Pick(""), "no model: the (empty) default passes it through")
-	assert.Equal(t, KindFallback, f.Pick("").Router.Decide(&Request{}, NoRank).Kind)
+	assert.Equal(t, KindFallback, f.Pick("").Router.Decide(&extract.Request{}, NoRank).Kind)
 
 	f = NewFleets(fleetsConfig(t, `{"pools":{"decode":{"endpoints":[{"address":"10.0.0.11:8000"}]}},"models":[`+two+`]}`), newMemoryStore(), clock.now)
 	assert.Same(t, f.Default, f.Pick("b"), "the top-level pools serve unknown models")
@@ -60,7 +61,7 @@ func TestFleetsUnknownModel(t *testing.T) {
 	require.NoError(t, f.Default.Router.PublishDiscovered(false, []DiscoveredEndpoint{{Address: "10.0.9.9:8000"}}))
 	other := NewFleets(cfg, store, clock.now) // another VM sees the published set
 	assert.Same(t, other.Default, other.Pick("b"))
-	assert.Equal(t, "10.0.9.9:8000", other.Default.Router.Decide(&Request{Tokens: 1}, NoRank).Target.Address)
+	assert.Equal(t, "10.0.9.9:8000", other.Default.Router.Decide(&extract.Request{Tokens: 1}, NoRank).Target.Address)
 }
 
 func TestFleetsKeepStateApart(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -27,7 +28,7 @@ func TestThresholdClassification(t *testing.T) {
 		want   PDClass
 		header string
 	}{{99, PDDirect, "load;pd=direct"}, {100, PDDisaggregated, "load;pd=disaggregated"}, {5000, PDDisaggregated, "load;pd=disaggregated"}} {
-		d := r.Decide(&Request{Tokens: c.tokens, Identity: uint64(c.tokens)}, NoRank)
+		d := r.Decide(&extract.Request{Tokens: c.tokens, Identity: uint64(c.tokens)}, NoRank)
 		assert.Equal(t, c.want, d.PD, "%d tokens", c.tokens)
 		assert.Equal(t, c.header, d.Header())
 		if c.want == PDDisaggregated {
@@ -38,9 +39,9 @@ func TestThresholdClassification(t *testing.T) {
 		}
 	}
 	r0 := NewRouter(pdConfig(t, `{"mode":"sidecar","threshold_tokens":0}`), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
-	assert.Equal(t, PDDisaggregated, r0.Decide(&Request{Tokens: 0}, NoRank).PD, "threshold 0 disaggregates everything")
+	assert.Equal(t, PDDisaggregated, r0.Decide(&extract.Request{Tokens: 0}, NoRank).PD, "threshold 0 disaggregates everything")
 	off := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
-	d := off.Decide(&Request{Tokens: 5000}, NoRank)
+	d := off.Decide(&extract.Request{Tokens: 5000}, NoRank)
 	assert.Equal(t, PDOff, d.PD)
 	assert.Equal(t, "load", d.Header())
 }
@@ -104,7 +105,7 @@ func TestPrefillSpreadsAcrossThePrefillPool(t *testing.T) {
 	seen := map[string]int{}
 	var held []Decision
 	for i := 0; i < 30; i++ {
-		d := r.Decide(&Request{Tokens: 100, Identity: uint64(i)}, NoRank)
+		d := r.Decide(&extract.Request{Tokens: 100, Identity: uint64(i)}, NoRank)
 		seen[fmt.Sprint(d.Prefill.Address, "#", d.Prefill.Rank)]++
 		held = append(held, d)
 	}

@@ -6,14 +6,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // textRequest is an anonymous request whose canonical prompt is text.
-func textRequest(text string, id uint64) *Request {
-	return &Request{Model: "m", Prompt: []byte(text), BlockBytes: 16 * 4, Tokens: len(text) / 4, Identity: id}
+func textRequest(text string, id uint64) *extract.Request {
+	return &extract.Request{Model: "m", Prompt: []byte(text), BlockBytes: 16 * 4, Tokens: len(text) / 4, Identity: id}
 }
 
 func words(rng *rand.Rand, n int) string {
@@ -167,8 +168,8 @@ func TestTokenIDPromptsMatchByIDBlocks(t *testing.T) {
 		return out
 	}
 	p := ids(400, 9)
-	req := func(b []byte, id uint64) *Request {
-		return &Request{Model: "m", Prompt: b, BlockBytes: 16 * 4, Tokens: len(b) / 4, Identity: id}
+	req := func(b []byte, id uint64) *extract.Request {
+		return &extract.Request{Model: "m", Prompt: b, BlockBytes: 16 * 4, Tokens: len(b) / 4, Identity: id}
 	}
 	first := r.Decide(req(p, 1), NoRank)
 	_ = r.Release(first.Ticket)
@@ -224,7 +225,7 @@ func TestMatchedTokensOfAStickyConversation(t *testing.T) {
 	r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(4))
 	history := words(rng, 4000)
-	req := func(text string) *Request {
+	req := func(text string) *extract.Request {
 		q := textRequest(text, uint64(len(text)))
 		q.Conversation, q.HasConversation = hashx.FingerprintString("c"), true
 		return q

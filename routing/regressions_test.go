@@ -4,6 +4,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -18,10 +19,10 @@ func TestLedgerTokensNeverWrap(t *testing.T) {
 	r := NewRouter(testConfig(t, `,"prefix":{"enabled":false}`), newMemoryStore(), clock.now)
 	var tickets []LoadTicket
 	for i := 0; i < 8; i++ {
-		tickets = append(tickets, r.Decide(&Request{Tokens: math.MaxInt64, Identity: uint64(i)}, NoRank).Ticket)
+		tickets = append(tickets, r.Decide(&extract.Request{Tokens: math.MaxInt64, Identity: uint64(i)}, NoRank).Ticket)
 	}
 	for i := 0; i < 30; i++ {
-		tickets = append(tickets, r.Decide(&Request{Tokens: 100, Identity: uint64(100 + i)}, NoRank).Ticket)
+		tickets = append(tickets, r.Decide(&extract.Request{Tokens: 100, Identity: uint64(100 + i)}, NoRank).Ticket)
 		loads, err := r.Loads()
 		require.NoError(t, err)
 		for j, l := range loads {

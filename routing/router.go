@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
 )
 
@@ -315,12 +316,12 @@ func (r *Router) loadOf(l Load) int64 {
 // weighted by ownWeight; the last term is the decode load, which slows a prefill
 // sharing the engine with it and holds the KV memory new requests need. Ties go to fewer active tokens, then to a
 // shuffle seeded by the request identity, so every VM and replica picks alike.
-func (r *Router) cheapest(v *poolView, cands []int, req *Request, matched []int) int {
+func (r *Router) cheapest(v *poolView, cands []int, req *extract.Request, matched []int) int {
 	return r.cheapestFrom(v, cands, req, matched, -1, 0)
 }
 
 // cheapestFrom is cheapest with leave added to the cost of every target but home.
-func (r *Router) cheapestFrom(v *poolView, cands []int, req *Request, matched []int, home int, leave float64) int {
+func (r *Router) cheapestFrom(v *poolView, cands []int, req *extract.Request, matched []int, home int, leave float64) int {
 	if len(cands) == 0 {
 		return -1
 	}
@@ -409,7 +410,7 @@ type prompt struct {
 // it so, a prefill target. rank is a trusted client DP rank, or NoRank; it is in the
 // rank header's numbering (a target's Rank), and one no target has is ignored. It
 // never fails: when shared state does, it decides without it (decision fallback).
-func (r *Router) Decide(req *Request, rank int) Decision {
+func (r *Router) Decide(req *extract.Request, rank int) Decision {
 	nowMS := r.now()
 	r.applyDiscovered()
 	if len(r.decode.targets.Targets) == 0 {
@@ -465,7 +466,7 @@ type chosen struct {
 // disaggregate classifies a request for P/D: at least threshold_tokens estimated prompt
 // tokens, and with uncached_only at least that many not already cached on the decode
 // target.
-func (r *Router) disaggregate(req *Request, d *Decision) bool {
+func (r *Router) disaggregate(req *extract.Request, d *Decision) bool {
 	threshold := r.cfg.Disaggregation.ThresholdTokens
 	if req.Tokens < threshold {
 		return false
@@ -480,7 +481,7 @@ func (r *Router) disaggregate(req *Request, d *Decision) bool {
 // record its prefix against the chosen target and add its load. An error means shared
 // state failed before a choice could be made; a failed record or load update is reported
 // in stateFailed.
-func (r *Router) choose(p *poolState, req *Request, pr *prompt, rank int, nowMS int64) (chosen, error) {
+func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int, nowMS int64) (chosen, error) {
 	v, err := r.view(p, rank, nowMS)
 	if err != nil {
 		return chosen{}, err
@@ -514,7 +515,7 @@ func (r *Router) choose(p *poolState, req *Request, pr *prompt, rank int, nowMS 
 // conversation, a round-robin first turn) or only the deepest one without choice in
 // it pays for the full lookup here: the match it finds is also what disaggregation's
 // uncached_only must see, not the request's own record.
-func (r *Router) matchedOn(v *poolView, req *Request, pr *prompt, choice int) int {
+func (r *Router) matchedOn(v *poolView, req *extract.Request, pr *prompt, choice int) int {
 	if req.Tokens <= 0 {
 		return 0
 	}
@@ -574,7 +575,7 @@ func (r *Router) fillMatched(p *poolState, pr *prompt) {
 // matchedTokens converts matched blocks into tokens for the cost, gated: when the
 // best match rate over cands is not strictly above prefix.match_rate_threshold every
 // match counts as 0 (nil).
-func (r *Router) matchedTokens(v *poolView, req *Request, pr *prompt, cands []int) []int {
+func (r *Router) matchedTokens(v *poolView, req *extract.Request, pr *prompt, cands []int) []int {
 	if pr.matched == nil || req.Tokens <= 0 {
 		return nil
 	}
@@ -596,7 +597,7 @@ func (r *Router) matchedTokens(v *poolView, req *Request, pr *prompt, cands []in
 // when it is under the fair-share cap and what is queued there is no more than its
 // cache is worth (queueFits); otherwise it keeps it only if it is still the cheapest
 // of the candidates and itself.
-func (r *Router) placeByPrefix(v *poolView, req *Request, pr *prompt) (int, Kind) {
+func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (int, Kind) {
 	cands, capped := v.candidates()
 	if capped {
 		cands = r.leastLoaded(v, cands)
@@ -635,7 +636,7 @@ func (r *Router) placeByPrefix(v *poolView, req *Request, pr *prompt) (int, Kind
 // request's cache there is worth (ownWeight × its cached tokens): then waiting there
 // costs less than computing the whole prompt on an idle target, and affinity needs
 // no weighing.
-func (r *Router) queueFits(v *poolView, req *Request, pr *prompt, i int) bool {
+func (r *Router) queueFits(v *poolView, req *extract.Request, pr *prompt, i int) bool {
 	q := v.loads[i].Prefill
 	if q == 0 {
 		return true
@@ -668,7 +669,7 @@ func contains(xs []int, x int) bool {
 // request's blocks (leaving out the first skip_blocks on both sides): the longest
 // match wins, then the lower cost. -1 if none.
 // With fitting, only holders whose queued prefill fits (queueFits) qualify.
-func (r *Router) continuation(v *poolView, req *Request, pr *prompt, cands []int, fitting bool) int {
+func (r *Router) continuation(v *poolView, req *extract.Request, pr *prompt, cands []int, fitting bool) int {
 	skip := r.cfg.Prefix.SkipBlocks
 	if pr.matched == nil || pr.blocks <= skip {
 		return -1
@@ -696,7 +697,7 @@ func (r *Router) continuation(v *poolView, req *Request, pr *prompt, cands []int
 
 // placeConversation places a request with an explicit conversation id: sticky,
 // overflow or new-conversation.
-func (r *Router) placeConversation(v *poolView, req *Request, pr *prompt) (int, Kind, error) {
+func (r *Router) placeConversation(v *poolView, req *extract.Request, pr *prompt) (int, Kind, error) {
 	mapped, found, err := v.pool.conv.Lookup(req.Conversation)
 	if err != nil {
 		return -1, 0, err
@@ -731,7 +732,7 @@ func (r *Router) placeConversation(v *poolView, req *Request, pr *prompt) (int, 
 }
 
 // scored is the gated cost over the candidates.
-func (r *Router) scored(v *poolView, req *Request, pr *prompt) int {
+func (r *Router) scored(v *poolView, req *extract.Request, pr *prompt) int {
 	cands, capped := v.candidates()
 	if capped {
 		cands = r.leastLoaded(v, cands)
@@ -745,7 +746,7 @@ func (r *Router) scored(v *poolView, req *Request, pr *prompt) int {
 // tokens off home's copy of the history, and the next turn, back on home, computes
 // them again: leaving costs that prefill on top of this one's. Without a prompt to
 // look up nothing is known of the history, and leaving costs nothing more.
-func (r *Router) scoredFrom(v *poolView, req *Request, pr *prompt, home int) int {
+func (r *Router) scoredFrom(v *poolView, req *extract.Request, pr *prompt, home int) int {
 	cands, capped := v.candidates()
 	if capped {
 		cands = r.leastLoaded(v, cands)
@@ -767,7 +768,7 @@ func (r *Router) scoredFrom(v *poolView, req *Request, pr *prompt, home int) int
 }
 
 // firstTurn places a new conversation by conversation.first_turn.
-func (r *Router) firstTurn(v *poolView, req *Request, pr *prompt) (int, error) {
+func (r *Router) firstTurn(v *poolView, req *extract.Request, pr *prompt) (int, error) {
 	cands, capped := v.candidates()
 	if capped {
 		cands = r.leastLoaded(v, cands)
@@ -790,7 +791,7 @@ func (r *Router) firstTurn(v *poolView, req *Request, pr *prompt) (int, error) {
 // candidate, and the cursor spreads new conversations as before; otherwise the cursor
 // skips the targets where the turn would wait behind other prefills or recompute a
 // prefix (a shared system prompt) that another candidate caches.
-func (r *Router) soonest(v *poolView, req *Request, pr *prompt, cands []int) []int {
+func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt, cands []int) []int {
 	r.lookup(v, pr)
 	matched := r.matchedTokens(v, req, pr, cands)
 	wait := v.pool.waitBuf
@@ -813,7 +814,7 @@ func (r *Router) soonest(v *poolView, req *Request, pr *prompt, cands []int) []i
 
 // fallback decides without shared state: rendezvous hashing for an explicit
 // conversation (every VM and replica agrees), a VM-local round robin otherwise.
-func (r *Router) fallback(p *poolState, req *Request, rank int) Decision {
+func (r *Router) fallback(p *poolState, req *extract.Request, rank int) Decision {
 	var cands []int
 	for i := range p.targets.Targets {
 		if rank == NoRank || p.targets.Targets[i].Rank == rank {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,8 +25,8 @@ func testConfig(t testing.TB, extra string) *config.Config {
 	return &cfg
 }
 
-func convRequest(id string) *Request {
-	return &Request{Conversation: hashx.FingerprintString(id), HasConversation: true, Tokens: 10, Identity: hashx.FingerprintString("r-" + id)}
+func convRequest(id string) *extract.Request {
+	return &extract.Request{Conversation: hashx.FingerprintString(id), HasConversation: true, Tokens: 10, Identity: hashx.FingerprintString("r-" + id)}
 }
 
 func TestStickyAfterFirstTurn(t *testing.T) {
@@ -133,7 +134,7 @@ func TestStateFailureFallsBackWithoutState(t *testing.T) {
 			seen := map[string]bool{}
 			failed := 0
 			for i := 0; i < 30; i++ {
-				d := r.Decide(&Request{Tokens: 5, Identity: uint64(i)}, NoRank)
+				d := r.Decide(&extract.Request{Tokens: 5, Identity: uint64(i)}, NoRank)
 				seen[d.Target.Address] = true
 				if d.StateFailed {
 					failed++
@@ -160,18 +161,18 @@ func TestTrustedClientRankRestrictsTargets(t *testing.T) {
 	require.NoError(t, err)
 	r := NewRouter(&cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	for i := 0; i < 8; i++ {
-		d := r.Decide(&Request{Tokens: 3, Identity: uint64(i)}, 3)
+		d := r.Decide(&extract.Request{Tokens: 3, Identity: uint64(i)}, 3)
 		assert.Equal(t, "a:1", d.Target.Address)
 		assert.Equal(t, 3, d.Target.Rank)
 	}
 	for i := 0; i < 8; i++ {
-		d := r.Decide(&Request{Tokens: 3, Identity: uint64(i)}, 1)
+		d := r.Decide(&extract.Request{Tokens: 3, Identity: uint64(i)}, 1)
 		assert.Equal(t, 1, d.Target.Rank)
 	}
 	// A rank no endpoint has is ignored.
 	seen := map[int]bool{}
 	for i := 0; i < 32; i++ {
-		seen[r.Decide(&Request{Tokens: 3, Identity: uint64(i)}, 9).Target.Rank] = true
+		seen[r.Decide(&extract.Request{Tokens: 3, Identity: uint64(i)}, 9).Target.Rank] = true
 	}
 	assert.Greater(t, len(seen), 1)
 }

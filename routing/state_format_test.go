@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -119,7 +120,7 @@ func TestStateFormatLedger(t *testing.T) {
 				return
 			}
 			assert.Equal(t, Load{}, ledgerTotal(t, r), "load in an unknown format is absent")
-			d := r.Decide(&Request{Tokens: 10, Identity: 1}, NoRank)
+			d := r.Decide(&extract.Request{Tokens: 10, Identity: 1}, NoRank)
 			require.True(t, d.Ticket.Valid)
 			require.NoError(t, r.FlushLoad())
 			v := sfGet(t, store, key)
@@ -136,7 +137,7 @@ func TestStateFormatLedger(t *testing.T) {
 		v := sfLedger(ledgerFormat, r.DecodeTargets()[0].ID, clock.ms/(cfg.State.LeaseMS/ledgerSlots), 5, 5)
 		sfStore(t, store, "kvroute/load/decode", v[:len(v)-3])
 		assert.Equal(t, Load{}, ledgerTotal(t, r))
-		d := r.Decide(&Request{Tokens: 10, Identity: 1}, NoRank)
+		d := r.Decide(&extract.Request{Tokens: 10, Identity: 1}, NoRank)
 		_ = r.Release(d.Ticket)
 		assert.Equal(t, Load{}, ledgerTotal(t, r))
 	})
@@ -153,7 +154,7 @@ func TestStateFormatHealth(t *testing.T) {
 			sfStore(t, store, key, sfHealth(f, hashx.FingerprintString(first.Address), clock.ms+1e6))
 			seen := map[string]bool{}
 			for i := 0; i < 30; i++ {
-				d := r.Decide(&Request{Tokens: 10, Identity: uint64(i)}, NoRank)
+				d := r.Decide(&extract.Request{Tokens: 10, Identity: uint64(i)}, NoRank)
 				seen[d.Target.Address] = true
 				_ = r.Release(d.Ticket)
 			}

@@ -1,4 +1,4 @@
-package routing
+package extract
 
 // API is the OpenAI-compatible endpoint a request was sent to.
 type API int

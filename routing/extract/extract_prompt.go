@@ -1,4 +1,4 @@
-package routing
+package extract
 
 import "github.com/kvroute/kvroute/routing/jsonscan"
 

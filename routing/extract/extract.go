@@ -1,4 +1,6 @@
-package routing
+// Package extract reads what the decision needs from an inference request body: the
+// canonical prompt, its token estimate, the model, and a conversation id.
+package extract
 
 import (
 	"errors"
