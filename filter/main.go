@@ -6,7 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 
-	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
@@ -22,9 +22,9 @@ type vmContext struct{ types.DefaultVMContext }
 func (*vmContext) OnVMStart(int) types.OnVMStartStatus {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err == nil {
-		routing.SetVMIdentitySeed(binary.LittleEndian.Uint64(b[:]))
+		state.SetVMIdentitySeed(binary.LittleEndian.Uint64(b[:]))
 	}
-	vmID = routing.NewVMIdentity()
+	vmID = state.NewVMIdentity()
 	return types.OnVMStartStatusOK
 }
 

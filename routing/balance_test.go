@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -32,7 +33,7 @@ func TestFairShareCapFormula(t *testing.T) {
 // flight, and returns the decision kinds.
 func capSequence(t *testing.T, multiplier string, turns int) ([]string, []string) {
 	cfg := testConfig(t, `,"balance":{"fair_share_multiplier":`+multiplier+`}`)
-	r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	var kinds, targets []string
 	for i := 0; i < turns; i++ {
 		req := convRequest("a")
@@ -70,7 +71,7 @@ func TestLeastLoadedFirstTurnAvoidsBusyTarget(t *testing.T) {
 	for _, metric := range []string{"requests", "tokens"} {
 		t.Run(metric, func(t *testing.T) {
 			cfg := testConfig(t, `,"conversation":{"first_turn":"least_loaded"},"balance":{"load_metric":"`+metric+`","fair_share_multiplier":100}`)
-			r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+			r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 			// Load 10.0.0.1 with anonymous work pinned there through a trusted id.
 			busy := NewPoolTargets(cfg.Pools.Decode).Targets[0]
 			for i := 0; i < 5; i++ {
@@ -90,8 +91,8 @@ func TestLeastLoadedFirstTurnAvoidsBusyTarget(t *testing.T) {
 
 func TestTieBreakIsDeterministicAcrossRouters(t *testing.T) {
 	// Same inputs, separate stores (two gateway replicas): the same choice.
-	a := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
-	b := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	a := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	b := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	spread := map[string]bool{}
 	for i := 0; i < 50; i++ {
 		req := &extract.Request{Tokens: 100, Identity: hashx.FingerprintString(fmt.Sprint("req-", i))}
@@ -107,7 +108,7 @@ func TestTieBreakIsDeterministicAcrossRouters(t *testing.T) {
 func TestLedgerReleaseAndLeaseExpiry(t *testing.T) {
 	clock := &fakeClock{ms: 1_000_000}
 	cfg := testConfig(t, `,"state":{"lease_ms":8000}`)
-	r := NewRouter(cfg, newMemoryStore(), clock.now)
+	r := NewRouter(cfg, state.NewMemoryStore(), clock.now)
 	d1 := r.Decide(&extract.Request{Tokens: 40, Identity: 1}, NoRank)
 	d2 := r.Decide(&extract.Request{Tokens: 60, Identity: 2}, NoRank)
 	loads, err := r.Loads()
@@ -145,7 +146,7 @@ func total(loads []Load) Load {
 }
 
 func TestLedgerHasNoLostUpdatesUnderConcurrency(t *testing.T) {
-	store := newMemoryStore()
+	store := state.NewMemoryStore()
 	cfg := testConfig(t, `,"state":{"max_cas_retries":1000}`)
 	const workers, each, kept = 8, 200, 5
 	var wg sync.WaitGroup
@@ -202,7 +203,7 @@ func TestLedgerHasNoLostUpdatesUnderConcurrency(t *testing.T) {
 func TestHealthEjectsAndRecovers(t *testing.T) {
 	clock := &fakeClock{ms: 1_000_000}
 	cfg := testConfig(t, `,"health":{"failure_threshold":3,"cooldown_ms":5000}`)
-	r := NewRouter(cfg, newMemoryStore(), clock.now)
+	r := NewRouter(cfg, state.NewMemoryStore(), clock.now)
 	d := r.Decide(convRequest("pinned"), NoRank)
 	bad := d.Target
 	_ = r.Release(d.Ticket)
@@ -251,7 +252,7 @@ func TestHealthEjectsAndRecovers(t *testing.T) {
 func TestAllEjectedStillRoutes(t *testing.T) {
 	clock := &fakeClock{ms: 1_000_000}
 	cfg := testConfig(t, `,"health":{"failure_threshold":1}`)
-	r := NewRouter(cfg, newMemoryStore(), clock.now)
+	r := NewRouter(cfg, state.NewMemoryStore(), clock.now)
 	for _, tg := range r.DecodeTargets() {
 		_, _ = r.ReportHealth(tg, false, true)
 	}
@@ -263,7 +264,7 @@ func TestAllEjectedStillRoutes(t *testing.T) {
 // A VM sees its own changes at once; another VM sees them once they are written — at
 // the tick's flush, or when the batch fills.
 func TestLedgerBatchesChangesPerVM(t *testing.T) {
-	store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
+	store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
 	cfg := testConfig(t, "")
 	a, b := NewRouter(cfg, store, clock.now), NewRouter(cfg, store, clock.now)
 	target := a.DecodeTargets()[0].ID
@@ -303,7 +304,7 @@ func TestLedgerBatchesChangesPerVM(t *testing.T) {
 // The flush drops expired slots from the stored value even when the VM has nothing
 // to write, also from a target that still has live load.
 func TestLedgerFlushDropsExpiredSlots(t *testing.T) {
-	store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
+	store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
 	cfg := testConfig(t, `,"state":{"lease_ms":8000}`)
 	r := NewRouter(cfg, store, clock.now)
 	target := r.DecodeTargets()[0].ID

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"strconv"
+
+	"github.com/kvroute/kvroute/routing/state"
 )
 
 // ConversationTable maps conversation fingerprints to targets in shared data. It is a
@@ -12,7 +14,7 @@ import (
 // approximate LRU whose footprint is fixed by max_sessions: 16 bytes per entry plus
 // one key per 16 entries, and nothing grows with the number of distinct ids seen.
 type ConversationTable struct {
-	store   Store
+	store   state.Store
 	prefix  string
 	buckets uint64
 	retries int
@@ -32,7 +34,7 @@ const (
 
 // NewConversationTable sizes the table of one pool for maxSessions entries under
 // namespace.
-func NewConversationTable(s Store, namespace, pool string, maxSessions, retries int) *ConversationTable {
+func NewConversationTable(s state.Store, namespace, pool string, maxSessions, retries int) *ConversationTable {
 	n := (maxSessions + conversationBucketSize - 1) / conversationBucketSize
 	if n < 1 {
 		n = 1
@@ -59,7 +61,7 @@ func bucketEntries(v []byte) []byte {
 func (c *ConversationTable) Lookup(fp uint64) (target uint64, found bool, err error) {
 	key := c.key(fp)
 	v, cas, err := c.store.Get(key)
-	if err == ErrNotFound {
+	if err == state.ErrNotFound {
 		return 0, false, nil
 	}
 	if err != nil {
@@ -95,7 +97,7 @@ func promote(v []byte, i int) []byte {
 
 // Record maps fp to target, as the bucket's most recent entry.
 func (c *ConversationTable) Record(fp, target uint64) error {
-	return update(c.store, c.key(fp), c.retries, func(old []byte) ([]byte, bool) {
+	return state.Update(c.store, c.key(fp), c.retries, func(old []byte) ([]byte, bool) {
 		entries := bucketEntries(old)
 		next := make([]byte, 1, 1+conversationEntryBytes+len(entries))
 		next[0] = conversationFormat

@@ -6,12 +6,13 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/hashx"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 func TestConversationTableRecordsAndFinds(t *testing.T) {
-	tab := NewConversationTable(newMemoryStore(), "ns", "decode", 1000, 8)
+	tab := NewConversationTable(state.NewMemoryStore(), "ns", "decode", 1000, 8)
 	for i := 0; i < 500; i++ {
 		require.NoError(t, tab.Record(uint64(i)*0x9e3779b97f4a7c15, uint64(i)))
 	}
@@ -27,7 +28,7 @@ func TestConversationTableRecordsAndFinds(t *testing.T) {
 }
 
 func TestConversationTableIsBoundedUnder100kIDs(t *testing.T) {
-	store := newMemoryStore()
+	store := state.NewMemoryStore()
 	const maxSessions = 4096
 	tab := NewConversationTable(store, "kvroute", "decode", maxSessions, 8)
 	for i := 0; i < 100_000; i++ {
@@ -54,7 +55,7 @@ func TestConversationTableIsBoundedUnder100kIDs(t *testing.T) {
 
 func TestConversationTableEvictsLeastRecentlyUsed(t *testing.T) {
 	// One bucket of 16: touching an old entry saves it from eviction.
-	tab := NewConversationTable(newMemoryStore(), "ns", "decode", conversationBucketSize, 8)
+	tab := NewConversationTable(state.NewMemoryStore(), "ns", "decode", conversationBucketSize, 8)
 	for i := 0; i < conversationBucketSize; i++ {
 		require.NoError(t, tab.Record(uint64(i+1), 100))
 	}
@@ -69,7 +70,7 @@ func TestConversationTableEvictsLeastRecentlyUsed(t *testing.T) {
 }
 
 func TestConversationTableStartsAfreshOnUnknownFormat(t *testing.T) {
-	store := newMemoryStore()
+	store := state.NewMemoryStore()
 	tab := NewConversationTable(store, "ns", "decode", 16, 8)
 	require.NoError(t, store.Set(tab.key(7), []byte{99, 1, 2, 3}, 0))
 	_, ok, err := tab.Lookup(7)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/extract"
+	"github.com/kvroute/kvroute/routing/state"
 )
 
 // BenchmarkRequestPath is one request's routing work at 4 KiB: extraction, the
@@ -14,7 +15,7 @@ import (
 // Run it in wasm too: GOOS=wasip1 GOARCH=wasm go test -c, then any WASI runtime.
 func BenchmarkRequestPath(b *testing.B) {
 	cfg := testConfig(b, "")
-	r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(1))
 	var bodies [][]byte
 	for i := 0; i < 32; i++ {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/hashx"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/tidwall/gjson"
 )
 
@@ -317,7 +318,7 @@ func normalizeDiscovered(eps []DiscoveredEndpoint) []DiscoveredEndpoint {
 // The generation key: a format byte and the generation (8). A value of another format,
 // of another source (the discovery block changed), or torn reads as no set.
 type EndpointBoard struct {
-	store   Store
+	store   state.Store
 	key     string
 	genKey  string
 	source  uint64
@@ -331,7 +332,7 @@ const (
 )
 
 // NewEndpointBoard returns the board of one pool, for the source d describes.
-func NewEndpointBoard(s Store, namespace, pool string, d config.DiscoveryConfig, retries int) *EndpointBoard {
+func NewEndpointBoard(s state.Store, namespace, pool string, d config.DiscoveryConfig, retries int) *EndpointBoard {
 	key := namespace + "/disc/" + pool
 	return &EndpointBoard{store: s, key: key, genKey: key + "/gen", retries: retries,
 		source: hashx.FingerprintString(d.Source + "\x00" + d.Cluster + "\x00" + d.ServiceCluster + "\x00" + d.Path)}
@@ -340,7 +341,7 @@ func NewEndpointBoard(s Store, namespace, pool string, d config.DiscoveryConfig,
 // NewDiscoveryLease returns the lease that makes one VM at a time poll a pool's source:
 // the engine scrape's lease mechanism under its own key, as each pool polls on its own
 // interval.
-func NewDiscoveryLease(s Store, namespace, pool string, retries int) *ScrapeLease {
+func NewDiscoveryLease(s state.Store, namespace, pool string, retries int) *ScrapeLease {
 	return &ScrapeLease{store: s, key: namespace + "/disc/" + pool + "/lease", retries: retries}
 }
 
@@ -399,7 +400,7 @@ func decodeEndpointSet(v []byte) (source, gen uint64, eps []DiscoveredEndpoint, 
 func (b *EndpointBoard) Publish(eps []DiscoveredEndpoint) (uint64, error) {
 	var gen uint64
 	changed := false
-	err := update(b.store, b.key, b.retries, func(old []byte) ([]byte, bool) {
+	err := state.Update(b.store, b.key, b.retries, func(old []byte) ([]byte, bool) {
 		src, oldGen, oldEps, ok := decodeEndpointSet(old)
 		if ok && src == b.source && slices.Equal(oldEps, eps) {
 			gen, changed = oldGen, false
@@ -415,7 +416,7 @@ func (b *EndpointBoard) Publish(eps []DiscoveredEndpoint) (uint64, error) {
 		return gen, nil
 	}
 	// Under compare-and-swap as well: a racing publisher's newer generation stays.
-	err = update(b.store, b.genKey, b.retries, func(old []byte) ([]byte, bool) {
+	err = state.Update(b.store, b.genKey, b.retries, func(old []byte) ([]byte, bool) {
 		if len(old) == endpointGenSize && old[0] == endpointBoardFormat && binary.LittleEndian.Uint64(old[1:]) >= gen {
 			return nil, false
 		}
@@ -427,7 +428,7 @@ func (b *EndpointBoard) Publish(eps []DiscoveredEndpoint) (uint64, error) {
 // Generation returns the stored generation; 0 when there is none.
 func (b *EndpointBoard) Generation() (uint64, error) {
 	v, _, err := b.store.Get(b.genKey)
-	if err == ErrNotFound {
+	if err == state.ErrNotFound {
 		return 0, nil
 	}
 	if err != nil {
@@ -443,7 +444,7 @@ func (b *EndpointBoard) Generation() (uint64, error) {
 // this source.
 func (b *EndpointBoard) Read() (gen uint64, eps []DiscoveredEndpoint, ok bool, err error) {
 	v, _, err := b.store.Get(b.key)
-	if err == ErrNotFound {
+	if err == state.ErrNotFound {
 		return 0, nil, false, nil
 	}
 	if err != nil {

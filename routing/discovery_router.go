@@ -2,6 +2,7 @@ package routing
 
 import (
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/state"
 )
 
 // poolDiscovery is what a Router keeps of a discovered pool: the board it reads, the
@@ -14,7 +15,7 @@ type poolDiscovery struct {
 	changes uint64 // sets applied
 }
 
-func newPoolDiscovery(store Store, ns, pool string, p config.Pool, retries int) *poolDiscovery {
+func newPoolDiscovery(store state.Store, ns, pool string, p config.Pool, retries int) *poolDiscovery {
 	return &poolDiscovery{
 		board:  NewEndpointBoard(store, ns, pool, *p.Discovery, retries),
 		dpSize: p.Discovery.DPSize,

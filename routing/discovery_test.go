@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -231,7 +232,7 @@ func TestParseEndpointList(t *testing.T) {
 }
 
 func TestEndpointBoardVersionsTheSet(t *testing.T) {
-	store := newMemoryStore()
+	store := state.NewMemoryStore()
 	d := config.DefaultDiscovery()
 	d.ServiceCluster = istioCluster
 	b := NewEndpointBoard(store, "kvroute", "decode", d, 8)
@@ -300,7 +301,7 @@ func discoveredConfig(t testing.TB, static string) *config.Config {
 }
 
 func TestDiscoveredSetReplacesStaticEndpoints(t *testing.T) {
-	store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
+	store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
 	r := NewRouter(discoveredConfig(t, `{"address":"10.0.0.9:8000"}`), store, clock.now)
 	d := r.Decide(convRequest("a"), NoRank)
 	assert.Equal(t, "10.0.0.9:8000", d.Target.Address, "before the first poll the static endpoints serve")
@@ -320,7 +321,7 @@ func TestDiscoveredSetReplacesStaticEndpoints(t *testing.T) {
 }
 
 func TestDiscoveredEndpointsKeepTheirRankNumbering(t *testing.T) {
-	store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
+	store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
 	r := NewRouter(discoveredConfig(t, ``), store, clock.now)
 	require.NoError(t, r.PublishDiscovered(false, []DiscoveredEndpoint{
 		{Address: "10.0.0.1:8000", DPSize: 2, DPRankStart: 4}, {Address: "10.0.0.2:8000"}}))
@@ -336,7 +337,7 @@ func TestDiscoveredEndpointsKeepTheirRankNumbering(t *testing.T) {
 }
 
 func TestEmptyDiscoveredPoolPassesThrough(t *testing.T) {
-	store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
+	store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
 	r := NewRouter(discoveredConfig(t, ``), store, clock.now)
 	d := r.Decide(convRequest("a"), NoRank)
 	assert.Equal(t, KindFallback, d.Kind)
@@ -359,7 +360,7 @@ func TestEmptyDiscoveredPoolPassesThrough(t *testing.T) {
 // A conversation whose target left is placed afresh once, then sticks to its new home;
 // it does not move back when the old pod's address returns.
 func TestConversationOnRemovedTargetMovesOnceThenSticks(t *testing.T) {
-	store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
+	store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
 	r := NewRouter(discoveredConfig(t, ``), store, clock.now)
 	all := []DiscoveredEndpoint{{Address: "10.0.0.1:8000", DPSize: 1}, {Address: "10.0.0.2:8000", DPSize: 1}, {Address: "10.0.0.3:8000", DPSize: 1}}
 	require.NoError(t, r.PublishDiscovered(false, all))
@@ -390,7 +391,7 @@ func TestDiscoveredPrefillPoolEmptyGoesDirect(t *testing.T) {
 		"decode":{"endpoints":[{"address":"10.0.0.1:8000"}]},
 		"prefill":{"discovery":{"source":"http","cluster":"kvroute_discovery","path":"/prefill.json"}}}}`))
 	require.NoError(t, err)
-	r := NewRouter(&cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(&cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	d := r.Decide(convRequest("a"), NoRank)
 	assert.Equal(t, PDDirect, d.PD, "no prefill endpoint yet")
 	_ = r.Release(d.Ticket)

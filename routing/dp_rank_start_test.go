@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/extract"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -47,7 +48,7 @@ func TestTrustedRankIsReadInTheHeadersNumbering(t *testing.T) {
 		{4, []string{"c:1#4"}},
 		{1, []string{"a:1#1", "c:1#1"}},
 	} {
-		r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+		r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 		seen := map[string]bool{}
 		for i := 0; i < 40; i++ {
 			d := r.Decide(&extract.Request{Tokens: 10, Identity: uint64(i)}, tc.rank)
@@ -62,7 +63,7 @@ func TestTrustedRankIsReadInTheHeadersNumbering(t *testing.T) {
 	}
 
 	// A rank no endpoint serves is ignored: every target stays eligible.
-	r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	seen := map[string]bool{}
 	for i := 0; i < 80; i++ {
 		d := r.Decide(&extract.Request{Tokens: 10, Identity: uint64(i)}, 5)
@@ -85,7 +86,7 @@ func TestTrustedRankWithoutStateUsesTheHeadersNumbering(t *testing.T) {
 // reaches: a conversation must not stay on a target that now names another engine,
 // and one whose rank is still served stays where it was.
 func TestChangingDPRankStartDoesNotMisattributeConversations(t *testing.T) {
-	store := newMemoryStore()
+	store := state.NewMemoryStore()
 	clock := &fakeClock{ms: 1e6}
 	before := dpStartConfig(t, `{"pools":{"decode":{"endpoints":[{"address":"a:1","dp_size":2}]}}}`)
 	r := NewRouter(before, store, clock.now)
@@ -115,7 +116,7 @@ func TestChangingDPRankStartDoesNotMisattributeConversations(t *testing.T) {
 
 func TestEngineFiguresOfARankStart(t *testing.T) {
 	cfg := dpStartConfig(t, `{"engine_metrics":{"enabled":true},"pools":{"decode":{"endpoints":[{"address":"a:1","dp_size":2,"dp_rank_start":4},{"address":"b:1"}]}}}`)
-	r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	page := []byte("vllm:num_requests_running{engine=\"4\",model_name=\"m\"} 50\nvllm:num_requests_running{engine=\"5\",model_name=\"m\"} 0\n")
 	figures, err := ParseEngineMetrics(config.FlavorVLLM, page, 2, 4)
 	require.NoError(t, err)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/extract"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -12,7 +13,7 @@ import (
 func TestEngineFiguresRaiseLoadWhileFresh(t *testing.T) {
 	clock := &fakeClock{ms: 1_000_000}
 	cfg := testConfig(t, `,"engine_metrics":{"enabled":true,"interval_ms":1000,"stale_ms":5000}`)
-	store := newMemoryStore()
+	store := state.NewMemoryStore()
 	r := NewRouter(cfg, store, clock.now)
 	// Another gateway replica's traffic: the engine on 10.0.0.1 runs 30 requests.
 	require.NoError(t, r.PublishEngineFigures(false, "10.0.0.1:8000", map[int]EngineFigures{0: {Running: 20, Waiting: 10}}))
@@ -45,7 +46,7 @@ func TestEngineFiguresRaiseLoadWhileFresh(t *testing.T) {
 func TestEngineFiguresPerDPRank(t *testing.T) {
 	cfg, err := config.ParseConfig([]byte(`{"engine_metrics":{"enabled":true},"pools":{"decode":{"endpoints":[{"address":"a:1","dp_size":2},{"address":"b:1"}]}}}`))
 	require.NoError(t, err)
-	r := NewRouter(&cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(&cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	require.NoError(t, r.PublishEngineFigures(false, "a:1", map[int]EngineFigures{0: {Running: 50}, 1: {Running: 0}, 7: {Running: 99}}))
 	for i := 0; i < 20; i++ {
 		d := r.Decide(&extract.Request{Tokens: 10, Identity: uint64(i)}, NoRank)
@@ -55,7 +56,7 @@ func TestEngineFiguresPerDPRank(t *testing.T) {
 }
 
 func TestEngineFiguresIgnoredWhenDisabled(t *testing.T) {
-	r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	require.NoError(t, r.PublishEngineFigures(false, "10.0.0.1:8000", map[int]EngineFigures{0: {Running: 100}}))
 	seen := map[string]bool{}
 	for i := 0; i < 30; i++ {

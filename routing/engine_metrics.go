@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/promtext"
+	"github.com/kvroute/kvroute/routing/state"
 )
 
 // Engine metrics (docs/behaviour.md, Engine-reported load): one VM at a time holds the
@@ -249,7 +250,7 @@ func ParseEngineMetrics(flavor string, text []byte, dpSize, dpRankStart int) (ma
 // waiting and KV usage (float32, 4 each), little-endian. A value of another format, or
 // torn, reads as empty and is started afresh.
 type EngineBoard struct {
-	store   Store
+	store   state.Store
 	key     string
 	retries int
 	keepMS  int64
@@ -269,7 +270,7 @@ type boardEntry struct {
 // NewEngineBoard returns the board of one pool. Entries older than keepMS (pass
 // engine_metrics.stale_ms; 0 keeps them forever) are dropped when the board is
 // written, so targets that leave the config or stop answering do not linger.
-func NewEngineBoard(s Store, namespace, pool string, keepMS int64, retries int) *EngineBoard {
+func NewEngineBoard(s state.Store, namespace, pool string, keepMS int64, retries int) *EngineBoard {
 	return &EngineBoard{store: s, key: namespace + "/engine/" + pool, retries: retries, keepMS: keepMS}
 }
 
@@ -319,7 +320,7 @@ func (b *EngineBoard) Publish(nowMS int64, figures map[uint64]EngineFigures) err
 		ids = append(ids, id)
 	}
 	slices.Sort(ids) // a deterministic value for the same figures
-	return update(b.store, b.key, b.retries, func(old []byte) ([]byte, bool) {
+	return state.Update(b.store, b.key, b.retries, func(old []byte) ([]byte, bool) {
 		entries := decodeEngineBoard(old)
 		kept := entries[:0]
 		for _, e := range entries {
@@ -351,7 +352,7 @@ func (b *EngineBoard) Read(nowMS, staleMS int64) (map[uint64]EngineFigures, erro
 func (b *EngineBoard) ReadInto(dst map[uint64]EngineFigures, nowMS, staleMS int64) error {
 	clear(dst)
 	v, _, err := b.store.Get(b.key)
-	if err == ErrNotFound {
+	if err == state.ErrNotFound {
 		return nil
 	}
 	if err != nil {
@@ -380,7 +381,7 @@ func (b *EngineBoard) ReadInto(dst map[uint64]EngineFigures, nowMS, staleMS int6
 // Every change is a compare-and-swap, so of several VMs racing for a free or expired
 // lease exactly one wins.
 type ScrapeLease struct {
-	store   Store
+	store   state.Store
 	key     string
 	retries int
 }
@@ -391,7 +392,7 @@ const (
 )
 
 // NewScrapeLease returns the engine-scrape lease of a namespace.
-func NewScrapeLease(s Store, namespace string, retries int) *ScrapeLease {
+func NewScrapeLease(s state.Store, namespace string, retries int) *ScrapeLease {
 	return &ScrapeLease{store: s, key: namespace + "/engine/lease", retries: retries}
 }
 
@@ -401,7 +402,7 @@ func NewScrapeLease(s Store, namespace string, retries int) *ScrapeLease {
 func (l *ScrapeLease) TryAcquire(vmID uint64, nowMS, leaseMS int64) (bool, error) {
 	leaseMS = max(leaseMS, 1)
 	held := false
-	err := update(l.store, l.key, l.retries, func(old []byte) ([]byte, bool) {
+	err := state.Update(l.store, l.key, l.retries, func(old []byte) ([]byte, bool) {
 		if len(old) == scrapeLeaseSize && old[0] == scrapeLeaseFormat {
 			holder := binary.LittleEndian.Uint64(old[1:])
 			expires := int64(binary.LittleEndian.Uint64(old[9:]))

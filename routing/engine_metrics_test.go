@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/promtext"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/require"
 )
 
@@ -171,7 +172,7 @@ func TestEngineMetricsErrors(t *testing.T) {
 }
 
 func TestEngineBoardPublishRead(t *testing.T) {
-	s := newMemoryStore()
+	s := state.NewMemoryStore()
 	b := NewEngineBoard(s, "ns", "decode", 5000, 8)
 	got, err := b.Read(0, 5000)
 	require.NoError(t, err)
@@ -217,7 +218,7 @@ func TestEngineBoardPublishRead(t *testing.T) {
 }
 
 func TestEngineBoardPartialPublishKeepsOldFigures(t *testing.T) {
-	s := newMemoryStore()
+	s := state.NewMemoryStore()
 	b := NewEngineBoard(s, "kvroute", "decode", 5000, 8)
 	require.NoError(t, b.Publish(1000, map[uint64]EngineFigures{1: {Running: 1}, 2: {Running: 2}, 3: {Running: 3}}))
 	// Endpoint of target 2 failed to scrape at 3000: only 1 and 3 are fresh.
@@ -253,7 +254,7 @@ func TestEngineBoardUnknownFormatStartsAfresh(t *testing.T) {
 		"empty":        {},
 	} {
 		t.Run(what, func(t *testing.T) {
-			s := newMemoryStore()
+			s := state.NewMemoryStore()
 			require.NoError(t, s.Set("kvroute/engine/decode", v, 0))
 			b := NewEngineBoard(s, "kvroute", "decode", 5000, 8)
 			got, err := b.Read(0, 5000)
@@ -272,7 +273,7 @@ func TestEngineBoardUnknownFormatStartsAfresh(t *testing.T) {
 // brokenStore fails every Get and/or Set with a host error, or every Set with a CAS
 // mismatch (another VM always wins).
 type brokenStore struct {
-	*memoryStore
+	*state.MemoryStore
 	getErr, setErr error
 }
 
@@ -280,26 +281,26 @@ func (s brokenStore) Get(key string) ([]byte, uint32, error) {
 	if s.getErr != nil {
 		return nil, 0, s.getErr
 	}
-	return s.memoryStore.Get(key)
+	return s.MemoryStore.Get(key)
 }
 
 func (s brokenStore) Set(key string, v []byte, cas uint32) error {
 	if s.setErr != nil {
 		return s.setErr
 	}
-	return s.memoryStore.Set(key, v, cas)
+	return s.MemoryStore.Set(key, v, cas)
 }
 
 func TestEngineBoardStoreErrors(t *testing.T) {
-	ms := newMemoryStore()
+	ms := state.NewMemoryStore()
 	require.NoError(t, NewEngineBoard(ms, "kvroute", "decode", 5000, 2).Publish(1, map[uint64]EngineFigures{1: {Running: 1}}))
 	hostDown := errors.New("host down")
-	b := NewEngineBoard(brokenStore{memoryStore: ms, getErr: hostDown}, "kvroute", "decode", 5000, 2)
+	b := NewEngineBoard(brokenStore{MemoryStore: ms, getErr: hostDown}, "kvroute", "decode", 5000, 2)
 	_, err := b.Read(1, 5000)
 	require.ErrorIs(t, err, hostDown)
 	require.ErrorIs(t, b.Publish(2, map[uint64]EngineFigures{1: {Running: 2}}), hostDown)
-	b = NewEngineBoard(brokenStore{memoryStore: ms, setErr: ErrCASMismatch}, "kvroute", "decode", 5000, 2)
-	require.ErrorIs(t, b.Publish(2, map[uint64]EngineFigures{1: {Running: 2}}), ErrStateConflict)
+	b = NewEngineBoard(brokenStore{MemoryStore: ms, setErr: state.ErrCASMismatch}, "kvroute", "decode", 5000, 2)
+	require.ErrorIs(t, b.Publish(2, map[uint64]EngineFigures{1: {Running: 2}}), state.ErrStateConflict)
 	got, err := b.Read(2, 5000)
 	require.NoError(t, err)
 	require.Equal(t, map[uint64]EngineFigures{1: {Running: 1}}, got, "a failed publish changes nothing")
@@ -308,7 +309,7 @@ func TestEngineBoardStoreErrors(t *testing.T) {
 // Concurrent publishers of disjoint targets (VMs that each scraped some endpoints)
 // never lose each other's figures.
 func TestEngineBoardConcurrentPublish(t *testing.T) {
-	s := newMemoryStore()
+	s := state.NewMemoryStore()
 	var wg sync.WaitGroup
 	for w := 0; w < 8; w++ {
 		wg.Add(1)
@@ -330,7 +331,7 @@ func TestEngineBoardConcurrentPublish(t *testing.T) {
 }
 
 func TestScrapeLeaseHolderRenewalExpiry(t *testing.T) {
-	s := newMemoryStore()
+	s := state.NewMemoryStore()
 	l := NewScrapeLease(s, "ns", 8)
 	ok, err := l.TryAcquire(1, 1000, 3000)
 	require.NoError(t, err)
@@ -373,7 +374,7 @@ func TestScrapeLeaseHolderRenewalExpiry(t *testing.T) {
 }
 
 func TestScrapeLeaseUnknownFormatIsFree(t *testing.T) {
-	s := newMemoryStore()
+	s := state.NewMemoryStore()
 	require.NoError(t, s.Set("kvroute/engine/lease", []byte{7, 1, 2, 3}, 0))
 	ok, err := NewScrapeLease(s, "kvroute", 8).TryAcquire(5, 0, 1000)
 	require.NoError(t, err)
@@ -383,9 +384,9 @@ func TestScrapeLeaseUnknownFormatIsFree(t *testing.T) {
 func TestScrapeLeaseStoreErrors(t *testing.T) {
 	hostDown := errors.New("host down")
 	for _, bs := range []brokenStore{
-		{memoryStore: newMemoryStore(), getErr: hostDown},
-		{memoryStore: newMemoryStore(), setErr: hostDown},
-		{memoryStore: newMemoryStore(), setErr: ErrCASMismatch},
+		{MemoryStore: state.NewMemoryStore(), getErr: hostDown},
+		{MemoryStore: state.NewMemoryStore(), setErr: hostDown},
+		{MemoryStore: state.NewMemoryStore(), setErr: state.ErrCASMismatch},
 	} {
 		ok, err := NewScrapeLease(bs, "kvroute", 2).TryAcquire(1, 0, 1000)
 		require.Error(t, err)
@@ -397,7 +398,7 @@ func TestScrapeLeaseStoreErrors(t *testing.T) {
 // order (its own mutex serialises Set and the record).
 type leaseLog struct {
 	mu      sync.Mutex
-	inner   *memoryStore
+	inner   *state.MemoryStore
 	commits [][]byte
 }
 
@@ -423,7 +424,7 @@ func TestScrapeLeaseContention(t *testing.T) {
 		tries   = 300
 		leaseMS = 40
 	)
-	s := &leaseLog{inner: newMemoryStore()}
+	s := &leaseLog{inner: state.NewMemoryStore()}
 	var clock atomic.Int64
 	var granted [vms]atomic.Int64
 	var conflicts atomic.Int64
@@ -436,7 +437,7 @@ func TestScrapeLeaseContention(t *testing.T) {
 			for i := 0; i < tries; i++ {
 				now := clock.Add(1)
 				ok, err := l.TryAcquire(uint64(vm+1), now, leaseMS)
-				if errors.Is(err, ErrStateConflict) {
+				if errors.Is(err, state.ErrStateConflict) {
 					conflicts.Add(1)
 					continue
 				}

@@ -10,6 +10,7 @@ import (
 	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -26,7 +27,7 @@ var errInjected = errors.New("injected host error")
 // faultStore wraps a Store and fails calls on demand. A failed call never reaches the
 // inner store, as a host error leaves shared data unchanged.
 type faultStore struct {
-	inner Store
+	inner state.Store
 
 	mu          sync.Mutex
 	getErr      error // returned by every Get while set
@@ -37,7 +38,7 @@ type faultStore struct {
 	calls, gets, sets, failures int
 }
 
-func newFaultStore() *faultStore { return &faultStore{inner: newMemoryStore()} }
+func newFaultStore() *faultStore { return &faultStore{inner: state.NewMemoryStore()} }
 
 func (f *faultStore) Get(key string) ([]byte, uint32, error) {
 	f.mu.Lock()
@@ -63,7 +64,7 @@ func (f *faultStore) Set(key string, value []byte, cas uint32) error {
 	f.sets++
 	err := f.setErr
 	if err == nil && f.casConflict {
-		err = ErrCASMismatch
+		err = state.ErrCASMismatch
 	}
 	if err == nil && f.failEvery > 0 && f.calls%f.failEvery == 0 {
 		err = errInjected
@@ -136,7 +137,7 @@ func ledgerTotal(t *testing.T, r *Router) Load {
 }
 
 // sharedTotal is the load written to the shared ledger, as a fresh VM reads it.
-func sharedTotal(t *testing.T, cfg *config.Config, s Store) Load {
+func sharedTotal(t *testing.T, cfg *config.Config, s state.Store) Load {
 	t.Helper()
 	return ledgerTotal(t, NewRouter(cfg, s, (&fakeClock{ms: 1e6}).now))
 }
@@ -253,7 +254,7 @@ func TestFaultCASConflictOnEveryTry(t *testing.T) {
 			conflicts := 0
 			for _, tk := range held {
 				if err := r.Release(tk); err != nil {
-					assert.ErrorIs(t, err, ErrStateConflict)
+					assert.ErrorIs(t, err, state.ErrStateConflict)
 					conflicts++
 				}
 			}

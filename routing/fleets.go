@@ -7,6 +7,7 @@ import (
 	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/kvroute/kvroute/routing/jsonscan"
+	"github.com/kvroute/kvroute/routing/state"
 )
 
 // Fleets picks the Router that serves a request's model (docs/behaviour.md, Several
@@ -44,7 +45,7 @@ func FleetNamespace(namespace, name string) string {
 }
 
 // NewFleets builds the default fleet over cfg and one fleet per cfg.Models entry.
-func NewFleets(cfg *config.Config, store Store, now func() int64) *Fleets {
+func NewFleets(cfg *config.Config, store state.Store, now func() int64) *Fleets {
 	f := &Fleets{
 		Default: &Fleet{Index: -1, Config: cfg, Router: NewRouter(cfg, store, now)},
 		exact:   map[string]int{},

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/extract"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -26,7 +27,7 @@ const fleetsJSON = `{"models":[
 
 func TestFleetsPickTheFirstFleetThatNamesTheModel(t *testing.T) {
 	clock := &fakeClock{ms: 1e6}
-	f := NewFleets(fleetsConfig(t, fleetsJSON), newMemoryStore(), clock.now)
+	f := NewFleets(fleetsConfig(t, fleetsJSON), state.NewMemoryStore(), clock.now)
 	for model, want := range map[string]string{
 		"qwen3-32b":         "qwen3-32b",
 		"qwen3-32b-sql":     "qwen3-32b", // the LoRA prefix
@@ -45,16 +46,16 @@ func TestFleetsPickTheFirstFleetThatNamesTheModel(t *testing.T) {
 func TestFleetsUnknownModel(t *testing.T) {
 	clock := &fakeClock{ms: 1e6}
 	two := `{"names":["a"],"pools":{"decode":{"endpoints":[{"address":"10.0.1.1:8000"}]}}}`
-	f := NewFleets(fleetsConfig(t, `{"models":[`+two+`]}`), newMemoryStore(), clock.now)
+	f := NewFleets(fleetsConfig(t, `{"models":[`+two+`]}`), state.NewMemoryStore(), clock.now)
 	assert.Nil(t, f.Pick("b"), "no default pool: not served")
 	assert.Same(t, f.Default, f.Pick(""), "no model: the (empty) default passes it through")
 	assert.Equal(t, KindFallback, f.Pick("").Router.Decide(&extract.Request{}, NoRank).Kind)
 
-	f = NewFleets(fleetsConfig(t, `{"pools":{"decode":{"endpoints":[{"address":"10.0.0.11:8000"}]}},"models":[`+two+`]}`), newMemoryStore(), clock.now)
+	f = NewFleets(fleetsConfig(t, `{"pools":{"decode":{"endpoints":[{"address":"10.0.0.11:8000"}]}},"models":[`+two+`]}`), state.NewMemoryStore(), clock.now)
 	assert.Same(t, f.Default, f.Pick("b"), "the top-level pools serve unknown models")
 
 	// Discovered top-level pools serve unknown models once they have endpoints.
-	store := newMemoryStore()
+	store := state.NewMemoryStore()
 	cfg := fleetsConfig(t, `{"pools":{"decode":{"discovery":{"source":"http","cluster":"c","path":"/eps"}}},"models":[`+two+`]}`)
 	f = NewFleets(cfg, store, clock.now)
 	assert.Nil(t, f.Pick("b"))
@@ -66,7 +67,7 @@ func TestFleetsUnknownModel(t *testing.T) {
 
 func TestFleetsKeepStateApart(t *testing.T) {
 	clock := &fakeClock{ms: 1e6}
-	store := newMemoryStore()
+	store := state.NewMemoryStore()
 	js := `{"models":[
 		{"names":["a"],"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"}]}}},
 		{"names":["b"],"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"}]}}}]}`
@@ -82,7 +83,7 @@ func TestFleetsKeepStateApart(t *testing.T) {
 	// Every key of a fleet is under its own namespace; none under the top level's pools.
 	nsA, nsB := FleetNamespace("kvroute", "a")+"/", FleetNamespace("kvroute", "b")+"/"
 	var a, b int
-	for k := range store.data {
+	for _, k := range store.Keys() {
 		switch {
 		case strings.HasPrefix(k, nsA):
 			a++
@@ -108,7 +109,7 @@ func TestFleetsKeepStateApart(t *testing.T) {
 
 func TestFleetsWithoutModelsAreTheRouterAsBefore(t *testing.T) {
 	clock := &fakeClock{ms: 1e6}
-	f := NewFleets(testConfig(t, ""), newMemoryStore(), clock.now)
+	f := NewFleets(testConfig(t, ""), state.NewMemoryStore(), clock.now)
 	assert.Empty(t, f.Models)
 	assert.Same(t, f.Default, f.Pick("whatever"))
 	assert.Equal(t, "kvroute", f.Default.Config.State.Namespace)
@@ -116,12 +117,12 @@ func TestFleetsWithoutModelsAreTheRouterAsBefore(t *testing.T) {
 
 func TestFleetsBodies(t *testing.T) {
 	clock := &fakeClock{ms: 1e6}
-	f := NewFleets(fleetsConfig(t, fleetsJSON), newMemoryStore(), clock.now)
+	f := NewFleets(fleetsConfig(t, fleetsJSON), state.NewMemoryStore(), clock.now)
 	assert.JSONEq(t, `{"object":"list","data":[
 		{"id":"qwen3-32b","object":"model","created":0,"owned_by":"kvroute"},
 		{"id":"llama","object":"model","created":0,"owned_by":"kvroute"},
 		{"id":"any","object":"model","created":0,"owned_by":"kvroute"}]}`, string(f.CatalogueBody()))
-	assert.JSONEq(t, `{"object":"list","data":[]}`, string(NewFleets(testConfig(t, ""), newMemoryStore(), clock.now).CatalogueBody()))
+	assert.JSONEq(t, `{"object":"list","data":[]}`, string(NewFleets(testConfig(t, ""), state.NewMemoryStore(), clock.now).CatalogueBody()))
 	assert.JSONEq(t, `{"error":{"message":"The model `+"`a\\\"b\\n`"+` does not exist.","type":"invalid_request_error",
 		"param":"model","code":"model_not_found"}}`, string(ModelNotFoundBody("a\"b\n")))
 	long := string(ModelNotFoundBody(strings.Repeat("é", 1000)))

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/state"
 )
 
 // HealthBoard keeps passive health per endpoint of a pool in one shared-data key:
@@ -15,7 +16,7 @@ import (
 // another VM is seen within that time, one made by this VM at once. A success on an
 // endpoint the VM knows to be clean writes nothing.
 type HealthBoard struct {
-	store     Store
+	store     state.Store
 	key       string
 	retries   int
 	threshold int
@@ -35,7 +36,7 @@ const (
 )
 
 // NewHealthBoard returns the health board of one pool.
-func NewHealthBoard(s Store, namespace, pool string, cfg config.HealthConfig, retries int) *HealthBoard {
+func NewHealthBoard(s state.Store, namespace, pool string, cfg config.HealthConfig, retries int) *HealthBoard {
 	return &HealthBoard{store: s, key: namespace + "/health/" + pool, retries: retries,
 		threshold: cfg.FailureThreshold, cooldown: cfg.CooldownMS}
 }
@@ -82,7 +83,7 @@ func (h *HealthBoard) entries(nowMS int64) ([]healthEntry, error) {
 		return h.cached, nil
 	}
 	v, _, err := h.store.Get(h.key)
-	if err != nil && err != ErrNotFound {
+	if err != nil && err != state.ErrNotFound {
 		h.fresh = false
 		return nil, err
 	}
@@ -129,7 +130,7 @@ func (h *HealthBoard) Report(endpoint uint64, failed bool, nowMS int64) (ejected
 		return false, nil
 	}
 	var written []healthEntry
-	err = update(h.store, h.key, h.retries, func(old []byte) ([]byte, bool) {
+	err = state.Update(h.store, h.key, h.retries, func(old []byte) ([]byte, bool) {
 		ejected, written = false, nil
 		entries := decodeHealth(old)
 		i := 0

@@ -5,13 +5,14 @@ import (
 	"encoding/binary"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/require"
 )
 
 // A target that left the pool carries no load, and its write clock goes with it: the
 // key does not grow with every rollout.
 func TestLedgerForgetsTheWriteClockOfATargetThatLeft(t *testing.T) {
-	store := newMemoryStore()
+	store := state.NewMemoryStore()
 	inPool := map[uint64]bool{11: true, 22: true}
 	l := NewLoadLedger(store, "ns", "decode", 600_000, 8)
 	l.keepClock = func(id uint64) bool { return inPool[id] }

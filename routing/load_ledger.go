@@ -2,6 +2,8 @@ package routing
 
 import (
 	"encoding/binary"
+
+	"github.com/kvroute/kvroute/routing/state"
 )
 
 // LoadLedger keeps the active requests, active (estimated prompt) tokens and queued
@@ -26,7 +28,7 @@ import (
 // per change is what keeps the ledger's cost per request near zero, and it takes the
 // contention off the key when many VMs share it.
 type LoadLedger struct {
-	store   Store
+	store   state.Store
 	key     string
 	retries int
 	slotMS  int64
@@ -81,7 +83,7 @@ type LoadTicket struct {
 }
 
 // NewLoadLedger returns the ledger of one pool.
-func NewLoadLedger(s Store, namespace, pool string, leaseMS int64, retries int) *LoadLedger {
+func NewLoadLedger(s state.Store, namespace, pool string, leaseMS int64, retries int) *LoadLedger {
 	slot := leaseMS / ledgerSlots
 	if slot < 1 {
 		slot = 1
@@ -234,7 +236,7 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 func (l *LoadLedger) refresh() error {
 	v, _, err := l.store.Get(l.key)
 	switch {
-	case err == ErrNotFound:
+	case err == state.ErrNotFound:
 		v = nil
 	case err != nil:
 		return err
@@ -350,7 +352,7 @@ func (l *LoadLedger) changes() int {
 func (l *LoadLedger) Flush(nowMS int64) error {
 	oldest := l.oldestLiveEpoch(nowMS)
 	var seen []byte
-	err := update(l.store, l.key, l.retries, func(old []byte) ([]byte, bool) {
+	err := state.Update(l.store, l.key, l.retries, func(old []byte) ([]byte, bool) {
 		next := encodeLedger(applyDeltas(decodeLedger(old, oldest), l.pending, oldest), l.keepClock)
 		if !l.hasChanges() && (old == nil || len(next) == len(old)) {
 			// Nothing to write and nothing expired (dropping a slot shortens the value).

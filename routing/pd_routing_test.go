@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/extract"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -22,7 +23,7 @@ func pdConfig(t testing.TB, disagg string) *config.Config {
 }
 
 func TestThresholdClassification(t *testing.T) {
-	r := NewRouter(pdConfig(t, `{"mode":"vllm","threshold_tokens":100}`), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(pdConfig(t, `{"mode":"vllm","threshold_tokens":100}`), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	for _, c := range []struct {
 		tokens int
 		want   PDClass
@@ -38,16 +39,16 @@ func TestThresholdClassification(t *testing.T) {
 			assert.False(t, d.PrefillTicket.Valid)
 		}
 	}
-	r0 := NewRouter(pdConfig(t, `{"mode":"sidecar","threshold_tokens":0}`), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r0 := NewRouter(pdConfig(t, `{"mode":"sidecar","threshold_tokens":0}`), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	assert.Equal(t, PDDisaggregated, r0.Decide(&extract.Request{Tokens: 0}, NoRank).PD, "threshold 0 disaggregates everything")
-	off := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	off := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	d := off.Decide(&extract.Request{Tokens: 5000}, NoRank)
 	assert.Equal(t, PDOff, d.PD)
 	assert.Equal(t, "load", d.Header())
 }
 
 func TestUncachedOnlyCountsTokensNotOnTheDecodeTarget(t *testing.T) {
-	r := NewRouter(pdConfig(t, `{"mode":"vllm","threshold_tokens":200,"uncached_only":true}`), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(pdConfig(t, `{"mode":"vllm","threshold_tokens":200,"uncached_only":true}`), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(1))
 	history := words(rng, 4000) // 1000 tokens
 	first := r.Decide(textRequest(history, 1), NoRank)
@@ -64,7 +65,7 @@ func TestUncachedOnlyCountsTokensNotOnTheDecodeTarget(t *testing.T) {
 }
 
 func TestPrefillIsStickyForConversationsAndHasItsOwnLedger(t *testing.T) {
-	r := NewRouter(pdConfig(t, `{"mode":"vllm","threshold_tokens":10}`), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(pdConfig(t, `{"mode":"vllm","threshold_tokens":10}`), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	var prefill string
 	var tickets []LoadTicket
 	for turn := 0; turn < 5; turn++ {
@@ -101,7 +102,7 @@ func TestPrefillIsStickyForConversationsAndHasItsOwnLedger(t *testing.T) {
 }
 
 func TestPrefillSpreadsAcrossThePrefillPool(t *testing.T) {
-	r := NewRouter(pdConfig(t, `{"mode":"sidecar","threshold_tokens":10}`), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(pdConfig(t, `{"mode":"sidecar","threshold_tokens":10}`), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	seen := map[string]int{}
 	var held []Decision
 	for i := 0; i < 30; i++ {

@@ -3,6 +3,8 @@ package routing
 import (
 	"math/rand"
 	"testing"
+
+	"github.com/kvroute/kvroute/routing/state"
 )
 
 var promptSizes = []struct {
@@ -35,7 +37,7 @@ func BenchmarkHashCheckpoints(b *testing.B) {
 func BenchmarkPrefixIndexRequest(b *testing.B) {
 	for _, size := range promptSizes {
 		b.Run(size.name, func(b *testing.B) {
-			cs := &countingStore{Store: newMemoryStore()}
+			cs := &countingStore{Store: state.NewMemoryStore()}
 			x := NewPrefixIndex(cs, "ns", "decode", 262144, 8)
 			rng := rand.New(rand.NewSource(2))
 			convs := make([][]byte, 64)

@@ -3,6 +3,8 @@ package routing
 import (
 	"bytes"
 	"testing"
+
+	"github.com/kvroute/kvroute/routing/state"
 )
 
 // FuzzPrefixIndex splits the input into up to eight prompts (at 0xFF bytes), hashes
@@ -17,7 +19,7 @@ func FuzzPrefixIndex(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, bs uint8) {
 		blockBytes := int(bs%16) + 1
 		prompts := bytes.SplitN(data, []byte{0xff}, 8)
-		x := NewPrefixIndex(newMemoryStore(), "ns", "decode", 1<<14, 8)
+		x := NewPrefixIndex(state.NewMemoryStore(), "ns", "decode", 1<<14, 8)
 		all := func(uint32) bool { return true }
 		var recorded [][]byte
 		var targets []uint32

@@ -1,5 +1,9 @@
 package routing
 
+import (
+	"github.com/kvroute/kvroute/routing/state"
+)
+
 // PrefixIndex remembers which targets recently served which prompt prefixes, so that
 // a request meets the target that holds its prefix's KV cache.
 //
@@ -29,7 +33,7 @@ type PrefixIndex struct {
 
 // NewPrefixIndex returns the index of one pool, holding at most capacityBlocks
 // checkpoint entries.
-func NewPrefixIndex(s Store, namespace, pool string, capacityBlocks, retries int) *PrefixIndex {
+func NewPrefixIndex(s state.Store, namespace, pool string, capacityBlocks, retries int) *PrefixIndex {
 	return &PrefixIndex{
 		table:   newPrefixTable(capacityBlocks),
 		journal: newPrefixJournal(s, namespace, pool, retries),

@@ -5,6 +5,7 @@ import (
 	"math/rand"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -110,7 +111,7 @@ func compareWithExact(t *testing.T, rng *rand.Rand, next func() []byte, n int) (
 	const blockBytes = 8
 	targets := []uint32{11, 22, 33, 44}
 	known := func(t uint32) bool { return t == 11 || t == 22 || t == 33 || t == 44 }
-	x := NewPrefixIndex(newMemoryStore(), "ns", "decode", 1<<20, 8)
+	x := NewPrefixIndex(state.NewMemoryStore(), "ns", "decode", 1<<20, 8)
 	exact := &exactIndex{}
 	for i := 0; i < n; i++ {
 		p := next()
@@ -211,7 +212,7 @@ func TestPrefixIndexAgainstExactIndexOnAdversarialTree(t *testing.T) {
 
 // countingStore counts host operations.
 type countingStore struct {
-	Store
+	state.Store
 	gets, sets int
 }
 
@@ -224,7 +225,7 @@ func (c *countingStore) Set(k string, v []byte, cas uint32) error {
 func TestPrefixIndexCostsNoHostCallPerRequest(t *testing.T) {
 	for _, blocks := range []int{64, 1024, 16384} {
 		t.Run(fmt.Sprint(blocks), func(t *testing.T) {
-			cs := &countingStore{Store: newMemoryStore()}
+			cs := &countingStore{Store: state.NewMemoryStore()}
 			x := NewPrefixIndex(cs, "ns", "decode", 1<<20, 8)
 			p := make([]byte, blocks*8)
 			rand.New(rand.NewSource(int64(blocks))).Read(p)
@@ -258,7 +259,7 @@ func bitsLen(n int) int {
 }
 
 func TestPrefixIndexIsBounded(t *testing.T) {
-	ms := newMemoryStore()
+	ms := state.NewMemoryStore()
 	x := NewPrefixIndex(ms, "ns", "decode", 4096, 8)
 	rng := rand.New(rand.NewSource(7))
 	for i := 0; i < 3000; i++ {
@@ -285,7 +286,7 @@ func TestPrefixIndexIsBounded(t *testing.T) {
 }
 
 func TestPrefixIndexKeepsMostRecentTargets(t *testing.T) {
-	x := NewPrefixIndex(newMemoryStore(), "ns", "decode", 1024, 8)
+	x := NewPrefixIndex(state.NewMemoryStore(), "ns", "decode", 1024, 8)
 	p := make([]byte, 8*40)
 	cps, _ := HashCheckpoints("m", p, 8, nil)
 	for tg := uint64(1); tg <= 6; tg++ {
@@ -301,7 +302,7 @@ func TestPrefixIndexKeepsMostRecentTargets(t *testing.T) {
 }
 
 func TestPrefixIndexIsSharedBetweenVMsOnTheTick(t *testing.T) {
-	store := newMemoryStore()
+	store := state.NewMemoryStore()
 	a := NewPrefixIndex(store, "ns", "decode", 4096, 8)
 	b := NewPrefixIndex(store, "ns", "decode", 4096, 8)
 	all := func(uint32) bool { return true }
@@ -332,7 +333,7 @@ func TestPrefixIndexIsSharedBetweenVMsOnTheTick(t *testing.T) {
 }
 
 func TestPrefixJournalSurvivesFallingBehindAndGarbage(t *testing.T) {
-	store := newMemoryStore()
+	store := state.NewMemoryStore()
 	a := NewPrefixIndex(store, "ns", "decode", 1<<16, 8)
 	b := NewPrefixIndex(store, "ns", "decode", 1<<16, 8)
 	all := func(uint32) bool { return true }
@@ -356,7 +357,7 @@ func TestPrefixJournalSurvivesFallingBehindAndGarbage(t *testing.T) {
 }
 
 func TestPrefixJournalWithEverySlotTakenSharesNothing(t *testing.T) {
-	store := newMemoryStore()
+	store := state.NewMemoryStore()
 	var idx []*PrefixIndex
 	for i := 0; i < journalSlots; i++ {
 		x := NewPrefixIndex(store, "ns", "decode", 1024, 8)

@@ -3,6 +3,8 @@ package routing
 import (
 	"encoding/binary"
 	"strconv"
+
+	"github.com/kvroute/kvroute/routing/state"
 )
 
 // prefixJournal carries prefix-index records between the VMs of one Envoy through
@@ -15,7 +17,7 @@ import (
 // traffic. The footprint is fixed: journalSlots × (journalRing + 1) keys of at most
 // journalMaxEntries entries each, plus the registry.
 type prefixJournal struct {
-	store   Store
+	store   state.Store
 	prefix  string
 	retries int
 
@@ -57,9 +59,9 @@ type journalPeer struct {
 	seq  uint64
 }
 
-func newPrefixJournal(s Store, namespace, pool string, retries int) *prefixJournal {
+func newPrefixJournal(s state.Store, namespace, pool string, retries int) *prefixJournal {
 	return &prefixJournal{store: s, prefix: namespace + "/pj/" + pool + "/", retries: retries,
-		vmid: NewVMIdentity(), slot: -1}
+		vmid: state.NewVMIdentity(), slot: -1}
 }
 
 // queue adds one record for the other VMs; a full outbox drops its oldest half (those
@@ -117,7 +119,7 @@ func encodeRegistry(slots []journalSlot) []byte {
 // readRegistry refreshes this VM's view of the other slots.
 func (j *prefixJournal) readRegistry() error {
 	v, _, err := j.store.Get(j.prefix + "slots")
-	if err != nil && err != ErrNotFound {
+	if err != nil && err != state.ErrNotFound {
 		return err
 	}
 	j.registry = decodeRegistry(v)
@@ -127,7 +129,7 @@ func (j *prefixJournal) readRegistry() error {
 // register claims (or renews) this VM's slot and refreshes its view of the others.
 func (j *prefixJournal) register(nowMS int64) error {
 	claimed := -1
-	err := update(j.store, j.prefix+"slots", j.retries, func(old []byte) ([]byte, bool) {
+	err := state.Update(j.store, j.prefix+"slots", j.retries, func(old []byte) ([]byte, bool) {
 		slots := decodeRegistry(old)
 		claimed = -1
 		for i := range slots {
@@ -189,11 +191,11 @@ func (j *prefixJournal) publish() error {
 // for a key that exists; then the key's current token is read and used.
 func (j *prefixJournal) overwrite(key string, value []byte) error {
 	err := j.store.Set(key, value, 0)
-	if err != ErrCASMismatch {
+	if err != state.ErrCASMismatch {
 		return err
 	}
 	_, cas, err := j.store.Get(key)
-	if err != nil && err != ErrNotFound {
+	if err != nil && err != state.ErrNotFound {
 		return err
 	}
 	return j.store.Set(key, value, cas)
@@ -213,7 +215,7 @@ func (j *prefixJournal) pull(nowMS int64, apply func(hash uint64, t32 uint32)) e
 			continue
 		}
 		v, _, err := j.store.Get(j.slotKey(i, "head"))
-		if err == ErrNotFound {
+		if err == state.ErrNotFound {
 			continue
 		} else if err != nil {
 			return err
@@ -238,7 +240,7 @@ func (j *prefixJournal) pull(nowMS int64, apply func(hash uint64, t32 uint32)) e
 		}
 		for seq := p.seq + 1; seq <= head; seq++ {
 			v, _, err := j.store.Get(j.slotKey(i, strconv.FormatUint(seq%journalRing, 10)))
-			if err == ErrNotFound {
+			if err == state.ErrNotFound {
 				continue
 			} else if err != nil {
 				return err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -26,7 +27,7 @@ func words(rng *rand.Rand, n int) string {
 }
 
 func TestChatsWithoutIDsFollowTheirHistory(t *testing.T) {
-	r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(1))
 	const chats = 9
 	history := make([]string, chats)
@@ -58,7 +59,7 @@ func TestChatsWithoutIDsFollowTheirHistory(t *testing.T) {
 }
 
 func TestSharedDocumentAttractsItsQuestions(t *testing.T) {
-	r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(2))
 	doc := words(rng, 20000)
 	first := r.Decide(textRequest(doc+" Q: summarise", 1), NoRank)
@@ -75,7 +76,7 @@ func TestSharedDocumentAttractsItsQuestions(t *testing.T) {
 }
 
 func TestSharedSystemPromptUnderTheGateSpreadsByLoad(t *testing.T) {
-	r := NewRouter(testConfig(t, `,"prefix":{"match_rate_threshold":0.2}`), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(testConfig(t, `,"prefix":{"match_rate_threshold":0.2}`), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(3))
 	system := words(rng, 640) // 10 blocks
 	seen := map[string]int{}
@@ -99,7 +100,7 @@ func TestGateBoundaryIsStrict(t *testing.T) {
 		want         Kind
 	}{{1, KindLoad}, {2, KindPrefix}} {
 		t.Run(fmt.Sprint(c.sharedBlocks), func(t *testing.T) {
-			r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+			r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 			rng := rand.New(rand.NewSource(4))
 			shared := words(rng, 64*c.sharedBlocks)
 			// Seed the shared blocks on one target and keep a little load on it, so
@@ -131,7 +132,7 @@ func TestSkipBlocksKeepsASharedPrefixFromLookingLikeAContinuation(t *testing.T) 
 		want Kind
 	}{{"0", KindContinuation}, {"12", KindPrefix}} {
 		t.Run(c.skip, func(t *testing.T) {
-			r := NewRouter(testConfig(t, `,"prefix":{"skip_blocks":`+c.skip+`}`), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+			r := NewRouter(testConfig(t, `,"prefix":{"skip_blocks":`+c.skip+`}`), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 			first := r.Decide(textRequest(system+words(rng, 64*3), 1), NoRank)
 			_ = r.Release(first.Ticket)
 			// 12 of 15 blocks match (0.8 ≥ 0.75), but all of them are the system prompt.
@@ -142,7 +143,7 @@ func TestSkipBlocksKeepsASharedPrefixFromLookingLikeAContinuation(t *testing.T) 
 }
 
 func TestContinuationOfA300kCharacterPrompt(t *testing.T) {
-	r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(6))
 	long := words(rng, 300_000)
 	first := r.Decide(textRequest(long, 1), NoRank)
@@ -157,7 +158,7 @@ func TestContinuationOfA300kCharacterPrompt(t *testing.T) {
 }
 
 func TestTokenIDPromptsMatchByIDBlocks(t *testing.T) {
-	r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	ids := func(n int, seed int64) []byte {
 		rng := rand.New(rand.NewSource(seed))
 		out := make([]byte, 0, 4*n)
@@ -179,7 +180,7 @@ func TestTokenIDPromptsMatchByIDBlocks(t *testing.T) {
 }
 
 func TestFirstTurnScoreUsesThePrefix(t *testing.T) {
-	r := NewRouter(testConfig(t, `,"conversation":{"first_turn":"score"}`), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(testConfig(t, `,"conversation":{"first_turn":"score"}`), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(7))
 	system := words(rng, 4000)
 	var home uint64
@@ -197,7 +198,7 @@ func TestFirstTurnScoreUsesThePrefix(t *testing.T) {
 }
 
 func TestPrefixDisabledRoutesByLoad(t *testing.T) {
-	r := NewRouter(testConfig(t, `,"prefix":{"enabled":false}`), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(testConfig(t, `,"prefix":{"enabled":false}`), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(8))
 	long := words(rng, 4000)
 	for i := 0; i < 5; i++ {
@@ -208,7 +209,7 @@ func TestPrefixDisabledRoutesByLoad(t *testing.T) {
 }
 
 func TestMatchedTokensAreTheChosenTargetsPrefixBeforeTheRequest(t *testing.T) {
-	r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(3))
 	history := words(rng, 4000) // 1000 tokens, 62 full blocks of 16
 	first := r.Decide(textRequest(history, 1), NoRank)
@@ -222,7 +223,7 @@ func TestMatchedTokensAreTheChosenTargetsPrefixBeforeTheRequest(t *testing.T) {
 }
 
 func TestMatchedTokensOfAStickyConversation(t *testing.T) {
-	r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(4))
 	history := words(rng, 4000)
 	req := func(text string) *extract.Request {
@@ -241,7 +242,7 @@ func TestMatchedTokensOfAStickyConversation(t *testing.T) {
 
 func TestUncachedOnlyDisaggregatesANewConversation(t *testing.T) {
 	cfg := pdConfig(t, `{"mode":"vllm","threshold_tokens":200,"uncached_only":true}`)
-	r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(5))
 	q := textRequest(words(rng, 4000), 1)
 	q.Conversation, q.HasConversation = hashx.FingerprintString("new"), true
@@ -254,7 +255,7 @@ func TestRoundRobinFirstTurnsGoWhereTheirSystemPromptIsCached(t *testing.T) {
 	// The default first_turn: a request without an id caches a long system prompt on
 	// one target; the new conversations that share it rotate over the targets that
 	// cache it (that one), not over all three.
-	r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(7))
 	system := words(rng, 4000)
 	warm := r.Decide(textRequest(system+words(rng, 300), 1), NoRank)
@@ -274,7 +275,7 @@ func TestRoundRobinFirstTurnsGoWhereTheirSystemPromptIsCached(t *testing.T) {
 func TestRoundRobinFirstTurnsSkipQueuedPrefill(t *testing.T) {
 	// Nothing cached anywhere: the cursor rotates over the targets with no prefill
 	// queued, in its order, and over all three once none is queued.
-	r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	targets := r.DecodeTargets()
 	busy, err := r.decode.ledger.AcquireQueued(targets[0].ID, 4000, 4000, 1e6)
 	require.NoError(t, err)

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/hashx"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -24,7 +25,7 @@ func decodeLoad(t *testing.T, r *Router, address string) Load {
 }
 
 func TestQueuedPrefillTokensLeaveAtTheFirstChunk(t *testing.T) {
-	r := NewRouter(testConfig(t, ""), newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(3))
 	doc := words(rng, 8000)
 	d := r.Decide(textRequest(doc, 1), NoRank)
@@ -62,7 +63,7 @@ func TestCostWeighsTheQueuedPrefillAgainstTheCache(t *testing.T) {
 	rng := rand.New(rand.NewSource(4))
 	doc := words(rng, 8000)
 	for _, queued := range []bool{false, true} {
-		r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+		r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 		first := r.Decide(textRequest(doc, 1), NoRank)
 		require.NoError(t, r.FirstChunk(&first.Ticket))
 		if queued {
@@ -91,7 +92,7 @@ func TestMappedTargetAtTheCapKeepsATurnWhileItIsTheCheapest(t *testing.T) {
 	rng := rand.New(rand.NewSource(5))
 	history := words(rng, 8000)
 	for _, inPrefill := range []bool{false, true} {
-		r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+		r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 		req := textRequest(history, 1)
 		req.Conversation, req.HasConversation = hashx.FingerprintString("c"), true
 		first := r.Decide(req, NoRank)
@@ -124,7 +125,7 @@ func TestAnOverflowWeighsTheTurnItsMappingMustComputeAgain(t *testing.T) {
 	// but only 32 cached tokens, and leaves the turn's 200 new tokens off the mapping,
 	// where the next turn would compute them again.
 	cfg := testConfig(t, `,"balance":{"fair_share_multiplier":1}`)
-	r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	rng := rand.New(rand.NewSource(7))
 	system := words(rng, 4096)
 	turn := func(conv, text string, id uint64) Decision {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/extract"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -16,7 +17,7 @@ import (
 // target. Decisions now bound the estimate; releases bring the ledger back to zero.
 func TestLedgerTokensNeverWrap(t *testing.T) {
 	clock := &fakeClock{ms: 1e6}
-	r := NewRouter(testConfig(t, `,"prefix":{"enabled":false}`), newMemoryStore(), clock.now)
+	r := NewRouter(testConfig(t, `,"prefix":{"enabled":false}`), state.NewMemoryStore(), clock.now)
 	var tickets []LoadTicket
 	for i := 0; i < 8; i++ {
 		tickets = append(tickets, r.Decide(&extract.Request{Tokens: math.MaxInt64, Identity: uint64(i)}, NoRank).Ticket)

@@ -6,6 +6,7 @@ import (
 	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
+	"github.com/kvroute/kvroute/routing/state"
 )
 
 // Router makes every routing decision of one plugin instance. Its state lives in a
@@ -58,7 +59,7 @@ type poolState struct {
 }
 
 // NewRouter builds a Router over store. now returns the current time in milliseconds.
-func NewRouter(cfg *config.Config, store Store, now func() int64) *Router {
+func NewRouter(cfg *config.Config, store state.Store, now func() int64) *Router {
 	ns, retries := cfg.State.Namespace, cfg.State.MaxCASRetries
 	newPool := func(name string, p config.Pool) *poolState {
 		ps := &poolState{

@@ -8,6 +8,7 @@ import (
 	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -31,7 +32,7 @@ func convRequest(id string) *extract.Request {
 
 func TestStickyAfterFirstTurn(t *testing.T) {
 	clock := &fakeClock{ms: 1e6}
-	r := NewRouter(testConfig(t, ""), newMemoryStore(), clock.now)
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
 	d := r.Decide(convRequest("a"), NoRank)
 	assert.Equal(t, KindNewConversation, d.Kind)
 	err := r.Release(d.Ticket)
@@ -47,7 +48,7 @@ func TestStickyAfterFirstTurn(t *testing.T) {
 
 func TestTwoRoutersOverOneStoreAgree(t *testing.T) {
 	// Two VMs of one Envoy: separate Routers, one shared store.
-	store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
+	store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
 	a := NewRouter(testConfig(t, ""), store, clock.now)
 	b := NewRouter(testConfig(t, ""), store, clock.now)
 	var seen []string
@@ -68,7 +69,7 @@ func TestTwoRoutersOverOneStoreAgree(t *testing.T) {
 }
 
 func TestMappingToRemovedTargetCountsAsAbsent(t *testing.T) {
-	store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
+	store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
 	r := NewRouter(testConfig(t, ""), store, clock.now)
 	placed := map[string]string{}
 	for i := 0; i < 6; i++ {
@@ -96,7 +97,7 @@ func TestMappingToRemovedTargetCountsAsAbsent(t *testing.T) {
 // failingStore fails every operation the way a broken host would.
 type failingStore struct {
 	getErr, setErr error
-	inner          Store
+	inner          state.Store
 }
 
 func (f failingStore) Get(k string) ([]byte, uint32, error) {
@@ -114,8 +115,8 @@ func (f failingStore) Set(k string, v []byte, cas uint32) error {
 }
 
 func TestStateFailureFallsBackWithoutState(t *testing.T) {
-	for name, store := range map[string]Store{
-		"cas conflicts on every try": failingStore{setErr: ErrCASMismatch, inner: newMemoryStore()},
+	for name, store := range map[string]state.Store{
+		"cas conflicts on every try": failingStore{setErr: state.ErrCASMismatch, inner: state.NewMemoryStore()},
 		"host error on get":          failingStore{getErr: errors.New("host: internal failure")},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -159,7 +160,7 @@ func TestStateFailureFallsBackWithoutState(t *testing.T) {
 func TestTrustedClientRankRestrictsTargets(t *testing.T) {
 	cfg, err := config.ParseConfig([]byte(`{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"a:1","dp_size":4},{"address":"b:1","dp_size":2}]}}}`))
 	require.NoError(t, err)
-	r := NewRouter(&cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(&cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	for i := 0; i < 8; i++ {
 		d := r.Decide(&extract.Request{Tokens: 3, Identity: uint64(i)}, 3)
 		assert.Equal(t, "a:1", d.Target.Address)

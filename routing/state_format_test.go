@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -52,12 +53,12 @@ func sfCursor(f byte, n uint64) []byte {
 	return binary.LittleEndian.AppendUint64([]byte{f}, n)
 }
 
-func sfStore(t *testing.T, s Store, key string, v []byte) {
+func sfStore(t *testing.T, s state.Store, key string, v []byte) {
 	t.Helper()
 	require.NoError(t, s.Set(key, v, 0))
 }
 
-func sfGet(t *testing.T, s Store, key string) []byte {
+func sfGet(t *testing.T, s state.Store, key string) []byte {
 	t.Helper()
 	v, _, err := s.Get(key)
 	require.NoError(t, err, key)
@@ -69,7 +70,7 @@ func TestStateFormatConversationBucket(t *testing.T) {
 	id := hashx.FingerprintString("conv-a")
 	for _, f := range append([]byte{conversationFormat}, sfUnknownFormats...) {
 		t.Run(fmt.Sprint("format ", f), func(t *testing.T) {
-			store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
+			store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
 			r := NewRouter(cfg, store, clock.now)
 			third := r.DecodeTargets()[2]
 			key := r.decode.conv.key(id)
@@ -94,7 +95,7 @@ func TestStateFormatConversationBucket(t *testing.T) {
 		})
 	}
 	t.Run("torn value", func(t *testing.T) {
-		store := newMemoryStore()
+		store := state.NewMemoryStore()
 		r := NewRouter(cfg, store, (&fakeClock{ms: 1e6}).now)
 		key := r.decode.conv.key(id)
 		sfStore(t, store, key, sfConvBucket(conversationFormat, id, r.DecodeTargets()[2].ID)[:12])
@@ -109,7 +110,7 @@ func TestStateFormatLedger(t *testing.T) {
 	// Format 1 (no queued prefill tokens) is an older filter's: read as unknown.
 	for _, f := range []byte{ledgerFormat, 0, 1, 7, 0x7f, 0xff} {
 		t.Run(fmt.Sprint("format ", f), func(t *testing.T) {
-			store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
+			store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
 			r := NewRouter(cfg, store, clock.now)
 			first := r.DecodeTargets()[0]
 			key := "kvroute/load/decode"
@@ -132,7 +133,7 @@ func TestStateFormatLedger(t *testing.T) {
 		})
 	}
 	t.Run("torn value", func(t *testing.T) {
-		store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
+		store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
 		r := NewRouter(cfg, store, clock.now)
 		v := sfLedger(ledgerFormat, r.DecodeTargets()[0].ID, clock.ms/(cfg.State.LeaseMS/ledgerSlots), 5, 5)
 		sfStore(t, store, "kvroute/load/decode", v[:len(v)-3])
@@ -147,7 +148,7 @@ func TestStateFormatHealth(t *testing.T) {
 	cfg := testConfig(t, `,"prefix":{"enabled":false},"health":{"failure_threshold":1}`)
 	for _, f := range append([]byte{healthFormat}, sfUnknownFormats...) {
 		t.Run(fmt.Sprint("format ", f), func(t *testing.T) {
-			store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
+			store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
 			r := NewRouter(cfg, store, clock.now)
 			first := r.DecodeTargets()[0]
 			key := "kvroute/health/decode"
@@ -177,7 +178,7 @@ func TestStateFormatCursor(t *testing.T) {
 	cfg := testConfig(t, `,"prefix":{"enabled":false}`)
 	for _, f := range append([]byte{cursorFormat}, sfUnknownFormats...) {
 		t.Run(fmt.Sprint("format ", f), func(t *testing.T) {
-			store := newMemoryStore()
+			store := state.NewMemoryStore()
 			r := NewRouter(cfg, store, (&fakeClock{ms: 1e6}).now)
 			key := "kvroute/rr/decode"
 			sfStore(t, store, key, sfCursor(f, 2))
@@ -193,7 +194,7 @@ func TestStateFormatCursor(t *testing.T) {
 		})
 	}
 	t.Run("wrong length", func(t *testing.T) {
-		store := newMemoryStore()
+		store := state.NewMemoryStore()
 		r := NewRouter(cfg, store, (&fakeClock{ms: 1e6}).now)
 		sfStore(t, store, "kvroute/rr/decode", []byte{cursorFormat, 2})
 		d := r.Decide(convRequest("new"), NoRank)
@@ -207,7 +208,7 @@ func TestStateFormatCursor(t *testing.T) {
 // old is read, and the ledger ends at zero.
 func TestStateFormatEverythingOldAtOnce(t *testing.T) {
 	cfg := testConfig(t, `,"conversation":{"max_sessions":64}`)
-	store, clock := newMemoryStore(), &fakeClock{ms: 1e6}
+	store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
 	r := NewRouter(cfg, store, clock.now)
 	garbage := []byte{0xee, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
 	for _, pool := range []string{"decode", "prefill"} {

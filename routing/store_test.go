@@ -3,23 +3,24 @@ package routing
 import (
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // emulatorStore behaves like the proxy-wasm SDK's host emulator, which refuses CAS 0
 // for a key that exists (Envoy takes it as unconditional).
-type emulatorStore struct{ *memoryStore }
+type emulatorStore struct{ *state.MemoryStore }
 
 func (e emulatorStore) Set(key string, value []byte, cas uint32) error {
-	if _, cur, err := e.memoryStore.Get(key); err == nil && cas != cur {
-		return ErrCASMismatch
+	if _, cur, err := e.MemoryStore.Get(key); err == nil && cas != cur {
+		return state.ErrCASMismatch
 	}
-	return e.memoryStore.Set(key, value, cas)
+	return e.MemoryStore.Set(key, value, cas)
 }
 
 func TestPrefixJournalPublishesUnderEitherCASZeroRule(t *testing.T) {
-	for name, store := range map[string]Store{"envoy": newMemoryStore(), "emulator": emulatorStore{newMemoryStore()}} {
+	for name, store := range map[string]state.Store{"envoy": state.NewMemoryStore(), "emulator": emulatorStore{state.NewMemoryStore()}} {
 		t.Run(name, func(t *testing.T) {
 			a := NewPrefixIndex(store, "ns", "decode", 1024, 8)
 			b := NewPrefixIndex(store, "ns", "decode", 1024, 8)

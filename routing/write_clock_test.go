@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -23,7 +24,7 @@ func TestAHolderWhoseCacheTurnedOverHoldsNothing(t *testing.T) {
 	}{{"0", KindContinuation}, {"6000", KindContinuation}, {"4000", KindLoad}} {
 		t.Run(c.cache, func(t *testing.T) {
 			cfg := testConfig(t, `,"prefix":{"target_cache_tokens":`+c.cache+`},"balance":{"fair_share_multiplier":100}`)
-			r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+			r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 			first := r.Decide(textRequest(doc, 1), NoRank)
 			require.NoError(t, r.Release(first.Ticket))
 			other, err := r.decode.ledger.AcquireQueued(first.Target.ID, 5000, 5000, 1e6)
@@ -41,7 +42,7 @@ func TestAHolderThatKeepsUsingItsCopyKeepsIt(t *testing.T) {
 	rng := rand.New(rand.NewSource(7))
 	doc := words(rng, 8000)
 	cfg := testConfig(t, `,"prefix":{"target_cache_tokens":4000},"balance":{"fair_share_multiplier":100}`)
-	r := NewRouter(cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	first := r.Decide(textRequest(doc, 1), NoRank)
 	require.NoError(t, r.Release(first.Ticket))
 	for i := 0; i < 2; i++ {
@@ -80,7 +81,7 @@ func TestAPrefixEveryEntrySlotHoldsCountsAsHeldByAll(t *testing.T) {
 	rng := rand.New(rand.NewSource(9))
 	system := words(rng, 4000)
 	for _, holders := range []int{4, 3} {
-		r := NewRouter(&cfg, newMemoryStore(), (&fakeClock{ms: 1e6}).now)
+		r := NewRouter(&cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 		ts := r.DecodeTargets()
 		named := map[uint64]bool{}
 		sys := textRequest(system, 0)

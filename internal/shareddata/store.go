@@ -4,7 +4,7 @@
 package shareddata
 
 import (
-	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
@@ -18,7 +18,7 @@ func (Store) Get(key string) ([]byte, uint32, error) {
 	case nil:
 		return v, cas, nil
 	case types.ErrorStatusNotFound:
-		return nil, 0, routing.ErrNotFound
+		return nil, 0, state.ErrNotFound
 	}
 	return nil, 0, err
 }
@@ -26,7 +26,7 @@ func (Store) Get(key string) ([]byte, uint32, error) {
 func (Store) Set(key string, value []byte, cas uint32) error {
 	err := proxywasm.SetSharedData(key, value, cas)
 	if err == types.ErrorStatusCasMismatch {
-		return routing.ErrCASMismatch
+		return state.ErrCASMismatch
 	}
 	return err
 }

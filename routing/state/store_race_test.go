@@ -1,4 +1,4 @@
-package routing
+package state
 
 import (
 	"testing"
@@ -9,7 +9,7 @@ import (
 // racingStore lets another writer create key between an update's read, which finds
 // it absent, and its write.
 type racingStore struct {
-	*memoryStore
+	*MemoryStore
 	key   string
 	first []byte // what the other writer creates; nil once written
 }
@@ -18,17 +18,17 @@ func (r *racingStore) Set(key string, value []byte, cas uint32) error {
 	if key == r.key && r.first != nil {
 		first := r.first
 		r.first = nil
-		if err := r.memoryStore.Set(key, first, 0); err != nil {
+		if err := r.MemoryStore.Set(key, first, 0); err != nil {
 			return err
 		}
 	}
-	return r.memoryStore.Set(key, value, cas)
+	return r.MemoryStore.Set(key, value, cas)
 }
 
 // Two VMs that both find a key absent must not overwrite each other's first write.
 func TestUpdateDoesNotOverwriteAKeyCreatedSinceItsRead(t *testing.T) {
-	s := &racingStore{memoryStore: newMemoryStore(), key: "k", first: []byte("a")}
-	err := update(s, "k", 8, func(old []byte) ([]byte, bool) {
+	s := &racingStore{MemoryStore: NewMemoryStore(), key: "k", first: []byte("a")}
+	err := Update(s, "k", 8, func(old []byte) ([]byte, bool) {
 		return append(append([]byte(nil), old...), 'b'), true
 	})
 	require.NoError(t, err)

@@ -1,4 +1,7 @@
-package routing
+// Package state is what kvroute shares between VMs at its lowest level: the Store
+// interface over shared data, the one compare-and-swap update every writer goes
+// through, an in-memory Store, and the identities VMs write under.
+package state
 
 import (
 	"errors"
@@ -7,7 +10,7 @@ import (
 
 // Store is the small key-value interface kvroute keeps its shared state in. The filter
 // implements it over proxy-wasm shared data (one store for every VM of an Envoy);
-// memoryStore implements it for tests and tools. Semantics follow proxy-wasm: Get
+// MemoryStore implements it for tests and tools. Semantics follow proxy-wasm: Get
 // returns the value and a CAS token; Set with cas 0 writes unconditionally, otherwise
 // only if the key's token still equals cas. A value returned by Get belongs to the
 // store and must not be modified.
@@ -25,17 +28,17 @@ var (
 	ErrStateConflict = errors.New("kvroute: state update conflicted beyond max_cas_retries")
 )
 
-// casAbsent is the token update writes a key it found absent with. Envoy creates an
+// casAbsent is the token Update writes a key it found absent with. Envoy creates an
 // absent key whatever the token, but a token of 0 would also overwrite the key if
 // another VM created it since the read, losing that VM's write; a token no live key
 // holds makes that a mismatch instead, and the loop reads again.
 const casAbsent = 1<<31 - 1
 
-// update applies fn to the value at key under compare-and-swap, retrying up to
+// Update applies fn to the value at key under compare-and-swap, retrying up to
 // retries times. fn gets the current value (nil when absent) and returns the new
 // value and whether to write at all. A host error other than a CAS mismatch is
 // returned at once.
-func update(s Store, key string, retries int, fn func(old []byte) (next []byte, write bool)) error {
+func Update(s Store, key string, retries int, fn func(old []byte) (next []byte, write bool)) error {
 	for attempt := 0; attempt <= retries; attempt++ {
 		old, cas, err := s.Get(key)
 		if err == ErrNotFound {
@@ -58,9 +61,9 @@ func update(s Store, key string, retries int, fn func(old []byte) (next []byte, 
 	return ErrStateConflict
 }
 
-// memoryStore is a Store in process memory, safe for concurrent use. It behaves like
+// MemoryStore is a Store in process memory, safe for concurrent use. It behaves like
 // Envoy's shared data, including CAS tokens that start at 1.
-type memoryStore struct {
+type MemoryStore struct {
 	mu   sync.Mutex
 	data map[string]memoryEntry
 }
@@ -70,10 +73,10 @@ type memoryEntry struct {
 	cas   uint32
 }
 
-// newMemoryStore returns an empty memoryStore.
-func newMemoryStore() *memoryStore { return &memoryStore{data: map[string]memoryEntry{}} }
+// NewMemoryStore returns an empty MemoryStore.
+func NewMemoryStore() *MemoryStore { return &MemoryStore{data: map[string]memoryEntry{}} }
 
-func (m *memoryStore) Get(key string) ([]byte, uint32, error) {
+func (m *MemoryStore) Get(key string) ([]byte, uint32, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e, ok := m.data[key]
@@ -83,7 +86,7 @@ func (m *memoryStore) Get(key string) ([]byte, uint32, error) {
 	return append([]byte(nil), e.value...), e.cas, nil
 }
 
-func (m *memoryStore) Set(key string, value []byte, cas uint32) error {
+func (m *MemoryStore) Set(key string, value []byte, cas uint32) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e, ok := m.data[key]
@@ -95,7 +98,7 @@ func (m *memoryStore) Set(key string, value []byte, cas uint32) error {
 }
 
 // Footprint returns the number of keys and the bytes of keys plus values held.
-func (m *memoryStore) Footprint() (keys, bytes int) {
+func (m *MemoryStore) Footprint() (keys, bytes int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k, e := range m.data {
@@ -103,4 +106,15 @@ func (m *memoryStore) Footprint() (keys, bytes int) {
 		bytes += len(k) + len(e.value)
 	}
 	return keys, bytes
+}
+
+// Keys returns the keys held, in no particular order.
+func (m *MemoryStore) Keys() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	keys := make([]string, 0, len(m.data))
+	for k := range m.data {
+		keys = append(keys, k)
+	}
+	return keys
 }

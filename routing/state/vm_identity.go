@@ -1,4 +1,4 @@
-package routing
+package state
 
 import (
 	"github.com/kvroute/kvroute/routing/hashx"
