@@ -3,12 +3,14 @@ package promtext
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -213,12 +215,10 @@ func TestPromScanAllocs(t *testing.T) {
 	require.Positive(t, sum)
 }
 
-// Work is linear in the text, whatever its shape: adversarial pages of 4 MiB each scan
-// in well under a second (a quadratic path would take hours at this size; the bound is
-// loose so that -race on a loaded machine never trips it).
-func TestPromScanLinear(t *testing.T) {
-	const size = 4 << 20
-	pages := map[string][]byte{
+// adversarialPages are pages of about size bytes shaped to find a path that is not
+// linear in the text: one huge label block, escapes, names, numbers, blank lines.
+func adversarialPages(size int) map[string][]byte {
+	return map[string][]byte{
 		"many labels":    append(append([]byte("m{"), bytes.Repeat([]byte(`a="b",`), size/6)...), "} 1\n"...),
 		"long value":     append(append([]byte(`m{a="`), bytes.Repeat([]byte(`\\\"`), size/4)...), "\"} 1\n"...),
 		"many samples":   bytes.Repeat([]byte("m 1\n"), size/4),
@@ -229,14 +229,33 @@ func TestPromScanLinear(t *testing.T) {
 		"long number":    append([]byte("m "), bytes.Repeat([]byte("1"), size)...),
 		"labels+lookups": bytes.Repeat([]byte(`m{a="1",b="2",c="3",d="4",e="5",f="6",g="7"} 1`+"\n"), size/48),
 	}
-	for what, page := range pages {
-		start := time.Now()
-		_ = Scan(page, func(_ []byte, l Labels, _ float64) bool {
-			l.Int("g")
-			l.get("zz")
-			return true
-		})
-		require.Less(t, time.Since(start), 30*time.Second, what)
+}
+
+func scanWithLookups(page []byte) error {
+	return Scan(page, func(_ []byte, l Labels, _ float64) bool {
+		l.Int("g")
+		l.get("zz")
+		return true
+	})
+}
+
+// Work is linear in the text, whatever its shape: the time per byte of each adversarial
+// page is the same at 256 KiB and at 4 MiB (a quadratic path would be 16 times slower
+// per byte at the larger size). Compare the sub-benchmarks' MB/s:
+//
+//	go test ./routing/promtext -run '^$' -bench ScanAdversarial
+func BenchmarkScanAdversarial(b *testing.B) {
+	for _, size := range []int{256 << 10, 4 << 20} {
+		pages := adversarialPages(size)
+		for _, what := range slices.Sorted(maps.Keys(pages)) {
+			page := pages[what]
+			b.Run(fmt.Sprintf("%s/%dKiB", what, size>>10), func(b *testing.B) {
+				b.SetBytes(int64(len(page)))
+				for b.Loop() {
+					_ = scanWithLookups(page)
+				}
+			})
+		}
 	}
 }
 
