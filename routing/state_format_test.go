@@ -28,24 +28,20 @@ func sfConvBucket(f byte, fp, target uint64) []byte {
 	return binary.LittleEndian.AppendUint64(v, target)
 }
 
-// sfLedger is a ledger value of format f: one target with one slot.
+// sfLedger is a ledger value of format f: one target with one slot. It is written by
+// the ledger's own encoder, its format byte then replaced: the format has one encoder.
 func sfLedger(f byte, target uint64, epoch, requests, tokens int64) []byte {
-	v := []byte{f}
-	v = binary.LittleEndian.AppendUint64(v, target)
-	v = binary.LittleEndian.AppendUint64(v, 0) // write clock
-	v = append(v, 1)
-	v = binary.LittleEndian.AppendUint64(v, uint64(epoch))
-	v = binary.LittleEndian.AppendUint32(v, uint32(requests))
-	v = binary.LittleEndian.AppendUint64(v, uint64(tokens))
-	return binary.LittleEndian.AppendUint64(v, 0) // queued prefill tokens
+	v := encodeLedger([]ledgerEntry{{target: target, slots: []ledgerSlot{{epoch: epoch, requests: requests, tokens: tokens}}}}, nil)
+	v[0] = f
+	return v
 }
 
-// sfHealth is a health value of format f ejecting endpoint until untilMS.
+// sfHealth is a health value of format f ejecting endpoint until untilMS, written by
+// the board's own encoder with its format byte replaced.
 func sfHealth(f byte, endpoint uint64, untilMS int64) []byte {
-	v := []byte{f}
-	v = binary.LittleEndian.AppendUint64(v, endpoint)
-	v = binary.LittleEndian.AppendUint32(v, 0)
-	return binary.LittleEndian.AppendUint64(v, uint64(untilMS))
+	v := encodeHealth([]healthEntry{{endpoint: endpoint, ejectedUntil: untilMS}})
+	v[0] = f
+	return v
 }
 
 // sfCursor is a cursor value of format f at n.
