@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/engine"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -121,9 +122,9 @@ vllm:num_requests_waiting{engine="5",model_name="m"} 0
 `
 		h.CallOnHttpCallResponse(sc["10.0.0.1:8000"].CalloutID, [][2]string{{":status", "200"}}, nil, []byte(page))
 		// The figures are published for the targets that carry those ranks.
-		got := map[uint64]routing.EngineFigures{}
-		require.NoError(t, routing.NewEngineBoard(shareddata.Store{}, "kvroute", "decode", 0, 8).ReadInto(got, 0, 1))
-		assert.Equal(t, map[uint64]routing.EngineFigures{
+		got := map[uint64]engine.EngineFigures{}
+		require.NoError(t, engine.NewEngineBoard(shareddata.Store{}, "kvroute", "decode", 0, 8).ReadInto(got, 0, 1))
+		assert.Equal(t, map[uint64]engine.EngineFigures{
 			routing.TargetID("10.0.0.1:8000", 4): {Running: 40, Waiting: 20},
 			routing.TargetID("10.0.0.1:8000", 5): {},
 		}, got)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvroute/kvroute/routing"
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/engine"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 )
 
@@ -77,7 +78,7 @@ func (p *pluginContext) onScrape(router *routing.Router, prefill bool, e config.
 		p.metrics.scrapeFailures.Increment(1)
 		return
 	}
-	figures, err := routing.ParseEngineMetrics(p.cfg.EngineMetrics.Flavor, body, e.DPSize, e.DPRankStart)
+	figures, err := engine.ParseEngineMetrics(p.cfg.EngineMetrics.Flavor, body, e.DPSize, e.DPRankStart)
 	if err != nil {
 		p.metrics.scrapeFailures.Increment(1)
 		proxywasm.LogDebugf("kvroute: scrape of %s unusable: %v", e.Address, err)

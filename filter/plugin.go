@@ -6,6 +6,7 @@ import (
 	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/routing"
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/engine"
 	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
@@ -25,7 +26,7 @@ type pluginContext struct {
 	extractOpt  extract.ExtractOptions
 	promptBuf   []byte // the canonical prompt of the request being decided
 	lastScrape  int64
-	scrapeLease *routing.ScrapeLease
+	scrapeLease *engine.ScrapeLease
 
 	discovery     []*discoveryPoll
 	targetChanges uint64 // the fleets' DiscoveryChanges() when the gauges last followed
@@ -63,7 +64,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	p.catalogue = p.fleets.CatalogueBody()
 	p.metrics = defineMetrics(p.decodeTargets())
 	p.metrics.models = defineModelMetrics(p.fleets.Models)
-	p.scrapeLease = routing.NewScrapeLease(shareddata.Store{}, cfg.State.Namespace, cfg.State.MaxCASRetries)
+	p.scrapeLease = engine.NewScrapeLease(shareddata.Store{}, cfg.State.Namespace, cfg.State.MaxCASRetries)
 	p.initDiscovery()
 	p.routes = map[string]extract.API{}
 	for _, r := range cfg.Routes {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/engine"
 	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
@@ -118,7 +119,7 @@ func TestEngineFiguresOfARankStart(t *testing.T) {
 	cfg := dpStartConfig(t, `{"engine_metrics":{"enabled":true},"pools":{"decode":{"endpoints":[{"address":"a:1","dp_size":2,"dp_rank_start":4},{"address":"b:1"}]}}}`)
 	r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	page := []byte("vllm:num_requests_running{engine=\"4\",model_name=\"m\"} 50\nvllm:num_requests_running{engine=\"5\",model_name=\"m\"} 0\n")
-	figures, err := ParseEngineMetrics(config.FlavorVLLM, page, 2, 4)
+	figures, err := engine.ParseEngineMetrics(config.FlavorVLLM, page, 2, 4)
 	require.NoError(t, err)
 	require.NoError(t, r.PublishEngineFigures(false, "a:1", figures))
 	for i := 0; i < 20; i++ {
@@ -150,9 +151,9 @@ func TestParseEngineMetricsRankStart(t *testing.T) {
 		{"one rank", []int{7}, 1, 3, map[int]float64{3: 17}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseEngineMetrics(config.FlavorVLLM, page(tc.engines...), tc.dpSize, tc.from)
+			got, err := engine.ParseEngineMetrics(config.FlavorVLLM, page(tc.engines...), tc.dpSize, tc.from)
 			if tc.want == nil {
-				require.ErrorIs(t, err, ErrNoEngineFigures)
+				require.ErrorIs(t, err, engine.ErrNoEngineFigures)
 				return
 			}
 			require.NoError(t, err)
@@ -165,7 +166,7 @@ func TestParseEngineMetricsRankStart(t *testing.T) {
 	}
 
 	// Unlabelled series are spread over the endpoint's own ranks.
-	got, err := ParseEngineMetrics(config.FlavorVLLM, []byte("vllm:num_requests_running 8\n"), 2, 6)
+	got, err := engine.ParseEngineMetrics(config.FlavorVLLM, []byte("vllm:num_requests_running 8\n"), 2, 6)
 	require.NoError(t, err)
-	assert.Equal(t, map[int]EngineFigures{6: {Running: 4}, 7: {Running: 4}}, got)
+	assert.Equal(t, map[int]engine.EngineFigures{6: {Running: 4}, 7: {Running: 4}}, got)
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/engine"
 	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
@@ -16,7 +17,7 @@ func TestEngineFiguresRaiseLoadWhileFresh(t *testing.T) {
 	store := state.NewMemoryStore()
 	r := NewRouter(cfg, store, clock.now)
 	// Another gateway replica's traffic: the engine on 10.0.0.1 runs 30 requests.
-	require.NoError(t, r.PublishEngineFigures(false, "10.0.0.1:8000", map[int]EngineFigures{0: {Running: 20, Waiting: 10}}))
+	require.NoError(t, r.PublishEngineFigures(false, "10.0.0.1:8000", map[int]engine.EngineFigures{0: {Running: 20, Waiting: 10}}))
 	busy := 0
 	for i := 0; i < 30; i++ {
 		d := r.Decide(&extract.Request{Tokens: 100, Identity: uint64(i)}, NoRank)
@@ -47,7 +48,7 @@ func TestEngineFiguresPerDPRank(t *testing.T) {
 	cfg, err := config.ParseConfig([]byte(`{"engine_metrics":{"enabled":true},"pools":{"decode":{"endpoints":[{"address":"a:1","dp_size":2},{"address":"b:1"}]}}}`))
 	require.NoError(t, err)
 	r := NewRouter(&cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
-	require.NoError(t, r.PublishEngineFigures(false, "a:1", map[int]EngineFigures{0: {Running: 50}, 1: {Running: 0}, 7: {Running: 99}}))
+	require.NoError(t, r.PublishEngineFigures(false, "a:1", map[int]engine.EngineFigures{0: {Running: 50}, 1: {Running: 0}, 7: {Running: 99}}))
 	for i := 0; i < 20; i++ {
 		d := r.Decide(&extract.Request{Tokens: 10, Identity: uint64(i)}, NoRank)
 		assert.False(t, d.Target.Address == "a:1" && d.Target.Rank == 0, "rank 0 of a:1 is busy")
@@ -57,7 +58,7 @@ func TestEngineFiguresPerDPRank(t *testing.T) {
 
 func TestEngineFiguresIgnoredWhenDisabled(t *testing.T) {
 	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
-	require.NoError(t, r.PublishEngineFigures(false, "10.0.0.1:8000", map[int]EngineFigures{0: {Running: 100}}))
+	require.NoError(t, r.PublishEngineFigures(false, "10.0.0.1:8000", map[int]engine.EngineFigures{0: {Running: 100}}))
 	seen := map[string]bool{}
 	for i := 0; i < 30; i++ {
 		d := r.Decide(&extract.Request{Tokens: 100, Identity: uint64(i)}, NoRank)

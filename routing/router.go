@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/engine"
 	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/kvroute/kvroute/routing/state"
@@ -35,11 +36,11 @@ type poolState struct {
 	cursor     *Cursor
 	index      *PrefixIndex
 	conv       *ConversationTable
-	engine     *EngineBoard // nil unless engine_metrics.enabled
+	engine     *engine.EngineBoard // nil unless engine_metrics.enabled
 
 	// engineFigures is the board as last read, with when (a VM reads it at most every
 	// engineReadMS: figures change once per scrape).
-	engineFigures map[uint64]EngineFigures
+	engineFigures map[uint64]engine.EngineFigures
 	engineReadAt  int64
 
 	view         poolView // reused by every decision
@@ -81,8 +82,8 @@ func NewRouter(cfg *config.Config, store state.Store, now func() int64) *Router 
 			return 0
 		}
 		if cfg.EngineMetrics.Enabled {
-			ps.engine = NewEngineBoard(store, ns, name, cfg.EngineMetrics.StaleMS, retries)
-			ps.engineFigures = map[uint64]EngineFigures{}
+			ps.engine = engine.NewEngineBoard(store, ns, name, cfg.EngineMetrics.StaleMS, retries)
+			ps.engineFigures = map[uint64]engine.EngineFigures{}
 			ps.engineReadAt = -engineReadMS
 		}
 		if p.Discovery != nil {
@@ -233,7 +234,7 @@ func (r *Router) addEngineLoad(p *poolState, v *poolView, nowMS int64) {
 
 // PublishEngineFigures stores a scrape of one endpoint: figures per DP rank, numbered
 // as its targets are (ParseEngineMetrics's keys).
-func (r *Router) PublishEngineFigures(prefill bool, address string, byRank map[int]EngineFigures) error {
+func (r *Router) PublishEngineFigures(prefill bool, address string, byRank map[int]engine.EngineFigures) error {
 	p := r.decode
 	if prefill {
 		p = r.prefill
@@ -241,7 +242,7 @@ func (r *Router) PublishEngineFigures(prefill bool, address string, byRank map[i
 	if p.engine == nil {
 		return nil
 	}
-	figures := make(map[uint64]EngineFigures, len(byRank))
+	figures := make(map[uint64]engine.EngineFigures, len(byRank))
 	for rank, f := range byRank {
 		id := TargetID(address, rank)
 		if p.targets.Index(id) >= 0 {

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvroute/kvroute/routing"
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/engine"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
@@ -87,7 +87,7 @@ func TestEnginePageParsesAsVLLM(t *testing.T) {
 	load(f, 3, 4) // endpoint 1 rank 1: 4 in flight, 3 waiting for the prefill
 	load(f, 2, 1) // endpoint 1 rank 0: 1 running
 	page := enginePage(f, 1)
-	figures, err := routing.ParseEngineMetrics(config.FlavorVLLM, page, 2, 0)
+	figures, err := engine.ParseEngineMetrics(config.FlavorVLLM, page, 2, 0)
 	require.NoError(t, err, "%s", page)
 	assert.Equal(t, 1.0, figures[0].Running)
 	assert.Equal(t, 0.0, figures[0].Waiting)
@@ -95,9 +95,9 @@ func TestEnginePageParsesAsVLLM(t *testing.T) {
 	assert.Equal(t, 3.0, figures[1].Waiting)
 	assert.InDelta(t, f.KVUtilization(3), figures[1].KVUsage, 1e-6)
 	assert.Contains(t, string(page), `vllm:num_requests_waiting{engine="1",model_name="m"} 3.0`)
-	idle, err := routing.ParseEngineMetrics(config.FlavorVLLM, enginePage(f, 0), 2, 0)
+	idle, err := engine.ParseEngineMetrics(config.FlavorVLLM, enginePage(f, 0), 2, 0)
 	require.NoError(t, err)
-	assert.Equal(t, routing.EngineFigures{}, idle[0])
+	assert.Equal(t, engine.EngineFigures{}, idle[0])
 }
 
 func TestReplicaSpreadIsSeededAndUniform(t *testing.T) {

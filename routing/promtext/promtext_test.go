@@ -46,7 +46,7 @@ func scanAll(t testing.TB, text string) ([]promSample, error) {
 // package's engine-metrics tests that also read them.
 func readEngineTestdata(t testing.TB, name string) []byte {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "testdata", "engine", name))
+	b, err := os.ReadFile(filepath.Join("..", "engine", "testdata", "engine", name))
 	require.NoError(t, err)
 	return b
 }
@@ -180,7 +180,7 @@ func TestPromScanMalformed(t *testing.T) {
 	require.Equal(t, 4, pe.Line)
 }
 
-// The engines' own pages (routing/testdata/engine, each naming its source) scan cleanly.
+// The engines' own pages (routing/engine/testdata/engine, each naming its source) scan cleanly.
 func TestPromScanEnginePages(t *testing.T) {
 	for file, want := range map[string]int{
 		"vllm.txt": 14, "vllm_docs.txt": 2, "sglang.txt": 21, "trtllm.txt": 5, "trtllm_1.1.txt": 15,

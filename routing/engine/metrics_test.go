@@ -1,4 +1,4 @@
-package routing
+package engine
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/kvroute/kvroute/routing/promtext"
 	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/require"
@@ -178,7 +179,7 @@ func TestEngineBoardPublishRead(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, got)
 
-	a, c := TargetID("10.0.0.1:8000", 0), TargetID("10.0.0.1:8000", 1)
+	a, c := hashx.FingerprintString("10.0.0.1:8000#0"), hashx.FingerprintString("10.0.0.1:8000#1")
 	require.NoError(t, b.Publish(1000, map[uint64]EngineFigures{
 		a: {Running: 5, Waiting: 4, KVUsage: 0.72},
 		c: {Running: 3, Waiting: 2, KVUsage: 0.5},

@@ -1,4 +1,7 @@
-package routing
+// Package engine reads the load the inference engines report: their Prometheus pages
+// parsed per DP rank, the board every VM reads them from, and the lease that lets one
+// VM at a time scrape.
+package engine
 
 import (
 	"encoding/binary"
@@ -422,4 +425,10 @@ func (l *ScrapeLease) TryAcquire(vmID uint64, nowMS, leaseMS int64) (bool, error
 		return false, err
 	}
 	return held, nil
+}
+
+// NewLease returns a lease like the engine-scrape lease, held at key: the discovery
+// lease of a pool is one.
+func NewLease(s state.Store, key string, retries int) *ScrapeLease {
+	return &ScrapeLease{store: s, key: key, retries: retries}
 }
