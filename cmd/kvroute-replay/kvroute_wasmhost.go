@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvroute/kvroute/internal/emulatorext"
+	"github.com/kvroute/kvroute/internal/hostcompat"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
@@ -56,8 +58,7 @@ const maxIdleTicks = 2
 
 // tickTo delivers Envoy's timer: OnTick every tick period (as the filter asked with
 // SetTickPeriodMilliSeconds) of replay time up to now, before the request or
-// completion at now. (The guest's own clock is wazero's fake one; the ticks follow
-// the replay's.)
+// completion at now. (The guest's clock is the replay's too: clockNS.)
 func (p *kvrouteWasm) tickTo(now float64) {
 	period := float64(p.host.GetTickPeriod())
 	if period <= 0 {
@@ -81,9 +82,24 @@ func (p *kvrouteWasm) tickTo(now float64) {
 	}
 }
 
+// replayEpochNS is the wall-clock time the replay starts at (2025-01-01 UTC), in ns.
+const replayEpochNS = 1735689600 * 1e9
+
+// clockNS is the guest's clock: the replay's time since replayEpochNS.
+func (p *kvrouteWasm) clockNS() uint64 {
+	if p.fleet == nil {
+		return replayEpochNS
+	}
+	return replayEpochNS + uint64(p.fleet.Now()*1e6)
+}
+
 // newKVRouteWasm loads the compiled filter and starts it with config.
 func newKVRouteWasm(wasm []byte, config []byte, cfg FleetConfig) (*kvrouteWasm, error) {
-	vm, err := proxytest.NewWasmVMContext(wasm)
+	p := &kvrouteWasm{targets: map[string]int{}, context: map[int]uint32{}}
+	// The guest reads the replay's clock, as a filter in Envoy reads the wall clock:
+	// what it times (prefills, leases, scrape and poll intervals) runs in replay time.
+	wasi := &hostcompat.WASI{Now: p.clockNS}
+	vm, err := emulatorext.NewWasmVMContextWithWASI(wasm, wasi.Instantiate)
 	if err != nil {
 		return nil, fmt.Errorf("loading the wasm module: %v", err)
 	}
@@ -91,7 +107,7 @@ func newKVRouteWasm(wasm []byte, config []byte, cfg FleetConfig) (*kvrouteWasm, 
 	log.SetOutput(io.Discard)
 	host, reset := proxytest.NewHostEmulator(proxytest.NewEmulatorOption().
 		WithVMContext(vm).WithPluginConfiguration(config))
-	p := &kvrouteWasm{vm: vm, host: host, reset: reset, targets: map[string]int{}, context: map[int]uint32{}}
+	p.vm, p.host, p.reset = vm, host, reset
 	if host.StartVM() != types.OnVMStartStatusOK || host.StartPlugin() != types.OnPluginStartStatusOK {
 		crit := host.GetCriticalLogs()
 		p.Close()
