@@ -47,3 +47,51 @@ func TestFirstResponseChunkEndsTheQueuedPrefillInFilter(t *testing.T) {
 		}
 	})
 }
+
+// TestAPrefillEstimatedOverNoLongerRepelsInFilter: a target learns its prefill rate
+// from the first chunks that come back, and counts a queued prefill as done once that
+// rate says so, before its first chunk. A 4000-token document's prefill teaches its
+// target the rate; a 20000-token prompt on the document (16000 tokens new) then
+// queues there. A request sharing the document (half of its 8000 tokens) goes
+// elsewhere while the 16000 tokens are ahead there, and to the document's target once
+// they are estimated done: with nothing ahead there, its cost is 4 × 4000 + the
+// decode load 8000 = 24000 against 4 × 8000 = 32000 elsewhere.
+func TestAPrefillEstimatedOverNoLongerRepelsInFilter(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		for _, wait := range []bool{false, true} {
+			t.Run("wait="+strconv.FormatBool(wait), func(t *testing.T) {
+				h := startHost(t, vm, threeEndpoints)
+				rng := rand.New(rand.NewSource(9))
+				doc := prose(rng, 16000) // 4000 tokens
+				a0, _ := h.send(post("/v1/completions", completionBody(doc)))
+				home, _ := h.header(a0, "x-gateway-destination-endpoint")
+				h.CallOnResponseHeaders(a0, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
+				h.advance(100)
+				h.CallOnResponseBody(a0, []byte("data: {}\n\n"), false)
+				h.CallOnResponseBody(a0, []byte("data: [DONE]\n\n"), true)
+				h.CompleteHttpContext(a0)
+
+				a, _ := h.send(post("/v1/completions", completionBody(doc+prose(rng, 64000))))
+				dest, _ := h.header(a, "x-gateway-destination-endpoint")
+				assert.Equal(t, home, dest, "the document's target computes the least")
+				h.CallOnResponseHeaders(a, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
+				if wait {
+					h.advance(2000) // at the rate of a0's prefill, 16000 tokens take 400 ms
+				}
+				b, _ := h.send(post("/v1/completions", completionBody(doc+prose(rng, 16000))))
+				dest, _ = h.header(b, "x-gateway-destination-endpoint")
+				if wait {
+					assert.Equal(t, home, dest, "the queued prefill is estimated over")
+				} else {
+					assert.NotEqual(t, home, dest, "16000 tokens ahead there")
+				}
+				h.respond(b, 200)
+				h.CallOnResponseBody(a, []byte("data: [DONE]\n\n"), true)
+				h.CompleteHttpContext(a)
+				h.advance(200)
+				h.Tick()
+				assert.Equal(t, int64(0), h.gauge("kvroute_active_requests"), "every request's load is released")
+			})
+		}
+	})
+}

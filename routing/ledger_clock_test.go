@@ -18,7 +18,7 @@ func TestLedgerForgetsTheWriteClockOfATargetThatLeft(t *testing.T) {
 	l.keepClock = func(id uint64) bool { return inPool[id] }
 	now := func() int64 { return 1_000 }
 	for _, id := range []uint64{11, 22} {
-		tk, _ := l.AcquireQueued(id, 100, 100, now())
+		tk, _ := l.AcquireQueued(id, 100, 100, 0, now())
 		require.NoError(t, l.Release(tk, now))
 	}
 	require.NoError(t, l.Flush(now()))

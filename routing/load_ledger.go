@@ -2,6 +2,7 @@ package routing
 
 import (
 	"encoding/binary"
+	"math"
 
 	"github.com/kvroute/kvroute/routing/state"
 )
@@ -13,7 +14,12 @@ import (
 // there, which a new request waits behind. Each target also keeps a write clock: the
 // uncached tokens of every request ever sent there, i.e. how much its KV cache has
 // had to take in — a prefix written there longer ago than the cache holds has been
-// evicted (see PrefixIndex). Load is counted in time slots of
+// evicted (see PrefixIndex). And each target keeps what is needed to estimate how
+// much of its queued prefill is still ahead of a new request (Load.PrefillAhead): when
+// the queue was last known to be all ahead — a first chunk (the prefill before is
+// over, the next starts) or a request sent to a drained queue — and the prefill rate
+// observed there, the uncached tokens of the requests whose first chunk came back
+// over the time their prefill took. Load is counted in time slots of
 // lease/ledgerSlots: a request adds to the slot of its start time and its release
 // takes from that same slot, and slots older than the lease are dropped. So a
 // completion that never arrives (a VM restart, a lost stream) stops counting after
@@ -51,19 +57,28 @@ type ledgerDelta struct {
 	tokens   int64
 	prefill  int64
 	written  int64 // to the target's write clock (its epoch is ignored)
+	// to the target's prefill progress (their epoch is ignored): the times are kept
+	// as the latest seen (0: no news), the rate sample is added
+	since, chunk    int64
+	rateTok, rateMS int64
 }
 
 // ledgerBatch is how many acquires and releases a VM holds before it writes them.
 const ledgerBatch = 16
 
 const (
-	ledgerFormat = 2
+	ledgerFormat = 3
 	ledgerSlots  = 8
-	// per target: id(8) written(8) slot count(1); per slot: epoch(8) requests(4)
-	// tokens(8) prefill(8)
-	ledgerTargetHeader = 17
+	// per target: id(8) written(8) since(8) chunk(8) rate tokens(4) rate ms(4) slot
+	// count(1); per slot: epoch(8) requests(4) tokens(8) prefill(8)
+	ledgerTargetHeader = 41
 	ledgerSlotBytes    = 28
 )
+
+// rateWindowMS bounds the prefill time a target's rate is learned over: past it,
+// both sums are halved, so the rate follows an engine that changes (a new model, a
+// new GPU) and the sums fit their 4 bytes.
+const rateWindowMS = 1 << 16
 
 // Load is one target's current load.
 type Load struct {
@@ -71,6 +86,36 @@ type Load struct {
 	Tokens   int64
 	Prefill  int64 // queued prefill tokens: uncached tokens awaiting their first chunk
 	Written  int64 // the write clock: uncached tokens ever sent to the target
+
+	// The prefill progress (PrefillAhead), times in ms: Since is when all of Prefill
+	// was last known to be ahead, Chunk the latest first chunk; RateTokens over
+	// RateMS is the prefill rate observed on the target (none while RateMS is 0).
+	Since, Chunk       int64
+	RateTokens, RateMS int64
+}
+
+// PrefillAhead estimates the queued prefill tokens still ahead of a request sent
+// now: Prefill less what the target has computed since the queue was last known to
+// be all ahead, at its observed rate; Prefill itself when no rate has been seen.
+func (l *Load) PrefillAhead(nowMS int64) int64 {
+	if l.RateMS <= 0 || l.Since <= 0 || l.Prefill <= 0 {
+		return l.Prefill
+	}
+	done := float64(max(0, nowMS-l.Since)) * float64(l.RateTokens) / float64(l.RateMS)
+	return max(0, l.Prefill-int64(math.Min(done, float64(l.Prefill))))
+}
+
+// SinceAfterSend is Since for a request sent now to a target whose queue l
+// estimates as drained: the time the queue would have drained at its rate, so the
+// request's own prefill counts from now. 0 (no news) while some is still ahead.
+func (l *Load) SinceAfterSend(nowMS int64) int64 {
+	if l.PrefillAhead(nowMS) > 0 {
+		return 0
+	}
+	if l.Prefill <= 0 || l.RateTokens <= 0 {
+		return nowMS
+	}
+	return nowMS - int64(math.Ceil(float64(l.Prefill)*float64(l.RateMS)/float64(l.RateTokens)))
 }
 
 // LoadTicket is what a request must hand back, exactly once, to release its load.
@@ -79,6 +124,7 @@ type LoadTicket struct {
 	Epoch   int64
 	Tokens  int64
 	Prefill int64 // queued prefill tokens still held: 0 once the first chunk is in
+	SentMS  int64 // when the request was sent (its prefill cannot have started before)
 	Valid   bool
 }
 
@@ -101,15 +147,17 @@ type ledgerSlot struct {
 
 func (s *ledgerSlot) live() bool { return s.requests > 0 || s.tokens > 0 || s.prefill > 0 }
 
-// ledgerEntry is one target's live slots and write clock.
+// ledgerEntry is one target's live slots, write clock and prefill progress.
 type ledgerEntry struct {
-	target  uint64
-	written int64
-	slots   []ledgerSlot
+	target          uint64
+	written         int64
+	since, chunk    int64
+	rateTok, rateMS int64
+	slots           []ledgerSlot
 }
 
 func (e *ledgerEntry) load() Load {
-	l := Load{Written: e.written}
+	l := Load{Written: e.written, Since: e.since, Chunk: e.chunk, RateTokens: e.rateTok, RateMS: e.rateMS}
 	for _, s := range e.slots {
 		l.Requests += s.requests
 		l.Tokens += s.tokens
@@ -129,8 +177,10 @@ func decodeLedger(v []byte, oldest int64) []ledgerEntry {
 	v = v[1:]
 	var out []ledgerEntry
 	for len(v) >= ledgerTargetHeader {
-		e := ledgerEntry{target: binary.LittleEndian.Uint64(v), written: int64(binary.LittleEndian.Uint64(v[8:]))}
-		n := int(v[16])
+		e := ledgerEntry{target: binary.LittleEndian.Uint64(v), written: int64(binary.LittleEndian.Uint64(v[8:])),
+			since: int64(binary.LittleEndian.Uint64(v[16:])), chunk: int64(binary.LittleEndian.Uint64(v[24:])),
+			rateTok: int64(binary.LittleEndian.Uint32(v[32:])), rateMS: int64(binary.LittleEndian.Uint32(v[36:]))}
+		n := int(v[40])
 		v = v[ledgerTargetHeader:]
 		if len(v) < n*ledgerSlotBytes {
 			return nil
@@ -173,6 +223,10 @@ func encodeLedger(entries []ledgerEntry, keepClock func(uint64) bool) []byte {
 		}
 		out = binary.LittleEndian.AppendUint64(out, e.target)
 		out = binary.LittleEndian.AppendUint64(out, uint64(e.written))
+		out = binary.LittleEndian.AppendUint64(out, uint64(e.since))
+		out = binary.LittleEndian.AppendUint64(out, uint64(e.chunk))
+		out = binary.LittleEndian.AppendUint32(out, uint32(e.rateTok))
+		out = binary.LittleEndian.AppendUint32(out, uint32(e.rateMS))
 		out = append(out, byte(live))
 		for i := range e.slots {
 			if s := &e.slots[i]; s.live() {
@@ -200,9 +254,14 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 		for v = v[1:]; len(v) >= ledgerTargetHeader; {
 			i := index(binary.LittleEndian.Uint64(v))
 			if i >= 0 {
-				dst[i].Written += int64(binary.LittleEndian.Uint64(v[8:]))
+				l := &dst[i]
+				l.Written += int64(binary.LittleEndian.Uint64(v[8:]))
+				l.Since = max(l.Since, int64(binary.LittleEndian.Uint64(v[16:])))
+				l.Chunk = max(l.Chunk, int64(binary.LittleEndian.Uint64(v[24:])))
+				l.RateTokens += int64(binary.LittleEndian.Uint32(v[32:]))
+				l.RateMS += int64(binary.LittleEndian.Uint32(v[36:]))
 			}
-			n := int(v[16])
+			n := int(v[40])
 			v = v[ledgerTargetHeader:]
 			if len(v) < n*ledgerSlotBytes {
 				break
@@ -220,7 +279,11 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 	for _, d := range l.pending {
 		i := index(d.target)
 		if i >= 0 {
-			dst[i].Written += d.written
+			l := &dst[i]
+			l.Written += d.written
+			l.Since, l.Chunk = max(l.Since, d.since), max(l.Chunk, d.chunk)
+			l.RateTokens += d.rateTok
+			l.RateMS += d.rateMS
 		}
 		if i >= 0 && d.epoch > oldest {
 			// A release may reach a slot this view has not seen the acquire of yet.
@@ -258,7 +321,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 	out := make(map[uint64]Load, len(entries))
 	for i := range entries {
 		ld := entries[i].load()
-		ld.Written = 0 // a clock, not load
+		ld.Written, ld.Since, ld.Chunk, ld.RateTokens, ld.RateMS = 0, 0, 0, 0, 0 // clocks, not load
 		if ld.Requests > 0 || ld.Tokens > 0 || ld.Prefill > 0 {
 			out[entries[i].target] = ld
 		}
@@ -270,7 +333,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 // slots at or before oldest have expired and are dropped.
 func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []ledgerEntry {
 	for _, d := range deltas {
-		if d.epoch <= oldest && d.written == 0 {
+		if d.epoch <= oldest && d.written == 0 && !d.progress() {
 			continue
 		}
 		i := 0
@@ -282,6 +345,12 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []le
 		}
 		e := &entries[i]
 		e.written += d.written
+		e.since, e.chunk = max(e.since, d.since), max(e.chunk, d.chunk)
+		e.rateTok += d.rateTok
+		e.rateMS += d.rateMS
+		for e.rateMS > rateWindowMS || e.rateTok > math.MaxUint32 {
+			e.rateTok, e.rateMS = e.rateTok/2, e.rateMS/2
+		}
 		if d.epoch <= oldest {
 			continue
 		}
@@ -309,6 +378,9 @@ func (l *LoadLedger) note(d ledgerDelta, nowMS func() int64) error {
 			p.tokens += d.tokens
 			p.prefill += d.prefill
 			p.written += d.written
+			p.since, p.chunk = max(p.since, d.since), max(p.chunk, d.chunk)
+			p.rateTok += d.rateTok
+			p.rateMS += d.rateMS
 			merged = true
 			break
 		}
@@ -326,12 +398,15 @@ func (l *LoadLedger) note(d ledgerDelta, nowMS func() int64) error {
 // were released within the batch cancel out.
 func (l *LoadLedger) hasChanges() bool {
 	for _, d := range l.pending {
-		if d.requests != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 {
+		if d.requests != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 || d.progress() {
 			return true
 		}
 	}
 	return false
 }
+
+// progress reports whether d carries news of its target's prefill progress.
+func (d *ledgerDelta) progress() bool { return d.since != 0 || d.chunk != 0 || d.rateMS != 0 }
 
 // changes counts the acquires and releases in the batch (a slot's first chunks not
 // yet released count once).
@@ -373,27 +448,42 @@ func (l *LoadLedger) Flush(nowMS int64) error {
 // good even when writing the batch failed (the error says so): the change stays in
 // the batch for the next flush.
 func (l *LoadLedger) Acquire(target uint64, tokens int64, nowMS int64) (LoadTicket, error) {
-	return l.AcquireQueued(target, tokens, 0, nowMS)
+	return l.AcquireQueued(target, tokens, 0, 0, nowMS)
 }
 
 // AcquireQueued is Acquire for a request that also queues prefill tokens of prefill
 // work on target until its first response chunk (FirstChunk) or its end (Release),
-// and advances the target's write clock by them.
-func (l *LoadLedger) AcquireQueued(target uint64, tokens, prefill int64, nowMS int64) (LoadTicket, error) {
+// and advances the target's write clock by them. since, when not 0, is the target's
+// new Load.Since (Load.SinceAfterSend).
+func (l *LoadLedger) AcquireQueued(target uint64, tokens, prefill, since int64, nowMS int64) (LoadTicket, error) {
 	epoch := nowMS / l.slotMS
-	err := l.note(ledgerDelta{target: target, epoch: epoch, requests: 1, tokens: tokens, prefill: prefill, written: prefill}, func() int64 { return nowMS })
-	return LoadTicket{Target: target, Epoch: epoch, Tokens: tokens, Prefill: prefill, Valid: true}, err
+	err := l.note(ledgerDelta{target: target, epoch: epoch, requests: 1, tokens: tokens, prefill: prefill, written: prefill, since: since}, func() int64 { return nowMS })
+	return LoadTicket{Target: target, Epoch: epoch, Tokens: tokens, Prefill: prefill, SentMS: nowMS, Valid: true}, err
 }
 
-// FirstChunk takes the ticket's queued prefill tokens back: the prefill is over. The
-// ticket keeps its request and tokens for Release.
-func (l *LoadLedger) FirstChunk(t *LoadTicket, now func() int64) error {
+// FirstChunk takes the ticket's queued prefill tokens back at nowMS: the prefill is
+// over, and the next one queued on the target starts, so all that is queued there is
+// ahead again (Since). The prefill took from its send, or the target's previous first
+// chunk if that came later (one prefill at a time), to now: a sample of the target's
+// rate. The ticket keeps its request and tokens for Release.
+func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 	if t.Prefill == 0 {
 		return nil
 	}
-	d := ledgerDelta{target: t.Target, epoch: t.Epoch, prefill: -t.Prefill}
+	var prev [1]Load
+	target := t.Target
+	if err := l.LoadsInto(nowMS, func(id uint64) int {
+		if id == target {
+			return 0
+		}
+		return -1
+	}, prev[:]); err != nil {
+		prev[0] = Load{}
+	}
+	took := max(1, nowMS-max(t.SentMS, prev[0].Chunk))
+	d := ledgerDelta{target: t.Target, epoch: t.Epoch, prefill: -t.Prefill, since: nowMS, chunk: nowMS, rateTok: t.Prefill, rateMS: took}
 	t.Prefill = 0
-	return l.note(d, now)
+	return l.note(d, func() int64 { return nowMS })
 }
 
 // Release takes a ticket's load back from the slot it was added to (its queued

@@ -277,7 +277,7 @@ func TestRoundRobinFirstTurnsSkipQueuedPrefill(t *testing.T) {
 	// queued, in its order, and over all three once none is queued.
 	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	targets := r.DecodeTargets()
-	busy, err := r.decode.ledger.AcquireQueued(targets[0].ID, 4000, 4000, 1e6)
+	busy, err := r.decode.ledger.AcquireQueued(targets[0].ID, 4000, 4000, 0, 1e6)
 	require.NoError(t, err)
 	var got []string
 	for i := 0; i < 4; i++ {

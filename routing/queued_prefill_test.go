@@ -68,7 +68,7 @@ func TestCostWeighsTheQueuedPrefillAgainstTheCache(t *testing.T) {
 		require.NoError(t, r.FirstChunk(&first.Ticket))
 		if queued {
 			// Another long prompt is sent to the same target and is still in prefill.
-			_, err := r.decode.ledger.AcquireQueued(first.Target.ID, 9000, 9000, 1e6)
+			_, err := r.decode.ledger.AcquireQueued(first.Target.ID, 9000, 9000, 0, 1e6)
 			require.NoError(t, err)
 		}
 		q := textRequest(doc+words(rng, 8000), 2)
@@ -103,7 +103,7 @@ func TestMappedTargetAtTheCapKeepsATurnWhileItIsTheCheapest(t *testing.T) {
 		if inPrefill {
 			queued = 9000
 		}
-		_, err := r.decode.ledger.AcquireQueued(first.Target.ID, 9000, queued, 1e6)
+		_, err := r.decode.ledger.AcquireQueued(first.Target.ID, 9000, queued, 0, 1e6)
 		require.NoError(t, err)
 		next := textRequest(history+words(rng, 400), 2)
 		next.Conversation, next.HasConversation = req.Conversation, true
@@ -152,7 +152,7 @@ func TestAnOverflowWeighsTheTurnItsMappingMustComputeAgain(t *testing.T) {
 			n = 2
 		}
 		for k := 0; k < n; k++ {
-			_, err := r.decode.ledger.AcquireQueued(tg.ID, 1000, 0, 1e6)
+			_, err := r.decode.ledger.AcquireQueued(tg.ID, 1000, 0, 0, 1e6)
 			require.NoError(t, err)
 		}
 	}

@@ -45,6 +45,7 @@ type poolState struct {
 
 	view         poolView // reused by every decision
 	viewLoads    []Load
+	viewAhead    []int64
 	viewEligible []int
 	candBuf      []int
 	byID32       targetIndex         // low 32 bits of a target id → index, as the prefix index keeps them
@@ -116,6 +117,7 @@ func (ps *poolState) setTargets(eps []config.Endpoint) {
 	ps.waitBuf = make([]int64, n)
 	ps.soonBuf = make([]int, 0, n)
 	ps.viewLoads = make([]Load, n)
+	ps.viewAhead = make([]int64, n)
 	ps.viewEligible = make([]int, 0, n)
 	ps.candBuf = make([]int, 0, n)
 	ps.endpointFP = ps.endpointFP[:0]
@@ -142,9 +144,10 @@ const NoRank = -1
 // poolView is a pool as one decision sees it: who is eligible, their load and the cap.
 type poolView struct {
 	pool     *poolState
-	eligible []int  // indices into pool.targets.Targets, endpoint-first
-	loads    []Load // per index of pool.targets.Targets
-	total    Load   // over the eligible targets
+	eligible []int   // indices into pool.targets.Targets, endpoint-first
+	loads    []Load  // per index of pool.targets.Targets
+	ahead    []int64 // per index: queued prefill estimated ahead of this request (eligible only)
+	total    Load    // over the eligible targets
 	cap      int64
 }
 
@@ -157,7 +160,7 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	ts := p.targets.Targets
 	// A VM decides one request at a time: the pool's view reuses its buffers.
 	v := &p.view
-	*v = poolView{pool: p, loads: p.viewLoads, eligible: p.viewEligible[:0]}
+	*v = poolView{pool: p, loads: p.viewLoads, ahead: p.viewAhead, eligible: p.viewEligible[:0]}
 	clear(v.loads)
 	if err := p.ledger.LoadsInto(nowMS, p.targets.Index, v.loads); err != nil {
 		return nil, err
@@ -181,6 +184,7 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	for _, i := range v.eligible {
 		v.total.Requests += v.loads[i].Requests
 		v.total.Tokens += v.loads[i].Tokens
+		v.ahead[i] = v.loads[i].PrefillAhead(nowMS)
 	}
 	v.cap = fairShareCap(r.cfg.Balance.FairShareMultiplier, v.total.Requests, len(v.eligible))
 	return v, nil
@@ -338,7 +342,7 @@ func (r *Router) cheapestFrom(v *poolView, cands []int, req *extract.Request, ma
 			m = float64(matched[i])
 		}
 		l := &v.loads[i]
-		cost := float64(l.Prefill) + ownWeight*(reqTokens-m) + w*float64(l.Tokens)/denom*reqTokens
+		cost := float64(v.ahead[i]) + ownWeight*(reqTokens-m) + w*float64(l.Tokens)/denom*reqTokens
 		if i != home {
 			cost += leave
 		}
@@ -505,7 +509,8 @@ func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int
 		bt := int64(max(1, r.cfg.Prefix.BlockTokens))
 		p.index.Record(pr.cps, c.target.ID, uint32((v.loads[choice].Written+uncached)/bt), r.cacheClocks()/8)
 	}
-	c.ticket, err = p.ledger.AcquireQueued(c.target.ID, int64(req.Tokens), uncached, nowMS)
+	since := v.loads[choice].SinceAfterSend(nowMS)
+	c.ticket, err = p.ledger.AcquireQueued(c.target.ID, int64(req.Tokens), uncached, since, nowMS)
 	if err != nil { // the load is held in the batch all the same
 		c.stateFailed = true
 	}
@@ -639,7 +644,7 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 // costs less than computing the whole prompt on an idle target, and affinity needs
 // no weighing.
 func (r *Router) queueFits(v *poolView, req *extract.Request, pr *prompt, i int) bool {
-	q := v.loads[i].Prefill
+	q := v.ahead[i]
 	if q == 0 {
 		return true
 	}
@@ -706,7 +711,7 @@ func (r *Router) placeConversation(v *poolView, req *extract.Request, pr *prompt
 	}
 	if found {
 		if i := v.position(mapped); i >= 0 {
-			if !v.atCap(i) && (v.loads[i].Prefill == 0 || len(pr.cps) == 0) {
+			if !v.atCap(i) && (v.ahead[i] == 0 || len(pr.cps) == 0) {
 				// Without a prompt to look up, nothing says the wait costs more
 				// than the history cached there.
 				return i, KindSticky, nil
@@ -799,7 +804,7 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt, cands []
 	wait := v.pool.waitBuf
 	low := int64(math.MaxInt64)
 	for _, i := range cands {
-		wait[i] = v.loads[i].Prefill + int64(req.Tokens)
+		wait[i] = v.ahead[i] + int64(req.Tokens)
 		if matched != nil {
 			wait[i] -= int64(matched[i])
 		}
@@ -848,7 +853,7 @@ func (r *Router) FirstChunk(t *LoadTicket) error {
 	if !t.Valid {
 		return nil
 	}
-	return r.decode.ledger.FirstChunk(t, r.now)
+	return r.decode.ledger.FirstChunk(t, r.now())
 }
 
 // Release hands a decode ticket back. An error means the batch it joined could not be

@@ -27,7 +27,7 @@ func TestAHolderWhoseCacheTurnedOverHoldsNothing(t *testing.T) {
 			r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 			first := r.Decide(textRequest(doc, 1), NoRank)
 			require.NoError(t, r.Release(first.Ticket))
-			other, err := r.decode.ledger.AcquireQueued(first.Target.ID, 5000, 5000, 1e6)
+			other, err := r.decode.ledger.AcquireQueued(first.Target.ID, 5000, 5000, 0, 1e6)
 			require.NoError(t, err)
 			require.NoError(t, r.decode.ledger.Release(other, func() int64 { return 1e6 }))
 			d := r.Decide(textRequest(next, 2), NoRank)
@@ -46,7 +46,7 @@ func TestAHolderThatKeepsUsingItsCopyKeepsIt(t *testing.T) {
 	first := r.Decide(textRequest(doc, 1), NoRank)
 	require.NoError(t, r.Release(first.Ticket))
 	for i := 0; i < 2; i++ {
-		other, err := r.decode.ledger.AcquireQueued(first.Target.ID, 2500, 2500, 1e6)
+		other, err := r.decode.ledger.AcquireQueued(first.Target.ID, 2500, 2500, 0, 1e6)
 		require.NoError(t, err)
 		require.NoError(t, r.decode.ledger.Release(other, func() int64 { return 1e6 }))
 		d := r.Decide(textRequest(doc+words(rng, 400), uint64(2+i)), NoRank)

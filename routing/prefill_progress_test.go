@@ -1,0 +1,138 @@
+package routing
+
+import (
+	"math/rand"
+	"testing"
+
+	"github.com/kvroute/kvroute/routing/state"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestPrefillAheadAtTheObservedRate(t *testing.T) {
+	// 6000 tokens queued, all ahead at 1000 ms, on a target seen computing 12 000
+	// tokens in 1000 ms (12 a ms).
+	l := Load{Prefill: 6000, Since: 1000, RateTokens: 12000, RateMS: 1000}
+	assert.Equal(t, int64(6000), l.PrefillAhead(1000))
+	assert.Equal(t, int64(3000), l.PrefillAhead(1250), "250 ms × 12 = 3000 computed")
+	assert.Equal(t, int64(0), l.PrefillAhead(1500), "drained at 1500")
+	assert.Equal(t, int64(0), l.PrefillAhead(9000), "never below 0")
+	assert.Equal(t, int64(6000), l.PrefillAhead(900), "a clock behind Since counts nothing computed")
+
+	noRate := l
+	noRate.RateTokens, noRate.RateMS = 0, 0
+	assert.Equal(t, int64(6000), noRate.PrefillAhead(9000), "no rate seen: all of it is ahead")
+	noSince := l
+	noSince.Since = 0
+	assert.Equal(t, int64(6000), noSince.PrefillAhead(9000), "never known ahead: all of it")
+
+	// A request sent while some is ahead leaves Since alone; one sent after the
+	// estimated drain starts its own prefill now: Since moves to the drain time,
+	// 1500 (2000 − 6000 / 12).
+	assert.Equal(t, int64(0), l.SinceAfterSend(1250))
+	assert.Equal(t, int64(1500), l.SinceAfterSend(2000))
+	after := l
+	after.Prefill, after.Since = 6000+2400, 1500
+	assert.Equal(t, int64(2400), after.PrefillAhead(2000), "only the new request's 2400 tokens are ahead")
+	assert.Equal(t, int64(2000), (&Load{}).SinceAfterSend(2000), "an empty queue starts now")
+	assert.Equal(t, int64(0), noRate.SinceAfterSend(2000), "without a rate the queue is never estimated drained")
+}
+
+func TestFirstChunksTeachATargetsPrefillRate(t *testing.T) {
+	const id = 77
+	l := NewLoadLedger(state.NewMemoryStore(), "kvroute", "decode", 600_000, 8)
+	one := func(now int64) Load {
+		var out [1]Load
+		require.NoError(t, l.LoadsInto(now, func(t uint64) int {
+			if t == id {
+				return 0
+			}
+			return -1
+		}, out[:]))
+		return out[0]
+	}
+	// A: 4000 uncached tokens sent at 1000 to an idle target (its prefill starts
+	// then); B: 2000 more at 1100, behind A.
+	a, err := l.AcquireQueued(id, 4000, 4000, 1000, 1000)
+	require.NoError(t, err)
+	b, err := l.AcquireQueued(id, 2000, 2000, 0, 1100)
+	require.NoError(t, err)
+	got := one(1100)
+	assert.Equal(t, int64(6000), got.PrefillAhead(1100), "no rate yet: all queued is ahead")
+
+	// A's first chunk at 1400: 4000 tokens in 400 ms; B starts.
+	require.NoError(t, l.FirstChunk(&a, 1400))
+	got = one(1400)
+	assert.Equal(t, Load{Requests: 2, Tokens: 6000, Prefill: 2000, Written: 6000,
+		Since: 1400, Chunk: 1400, RateTokens: 4000, RateMS: 400}, got)
+	assert.Equal(t, int64(1000), got.PrefillAhead(1500), "10 a ms for 100 ms")
+
+	// B's first chunk at 1600: its prefill ran from A's chunk (after its send), 200 ms.
+	require.NoError(t, l.FirstChunk(&b, 1600))
+	require.NoError(t, l.Flush(1600))
+	got = one(1600)
+	assert.Equal(t, int64(0), got.Prefill)
+	assert.Equal(t, int64(6000), got.RateTokens)
+	assert.Equal(t, int64(600), got.RateMS)
+	assert.Equal(t, int64(1600), got.Since)
+
+	// Another VM's ledger reads the same progress from the shared key.
+	other := NewLoadLedger(l.store, "kvroute", "decode", 600_000, 8)
+	var seen [1]Load
+	require.NoError(t, other.LoadsInto(1600, func(t uint64) int {
+		if t == id {
+			return 0
+		}
+		return -1
+	}, seen[:]))
+	assert.Equal(t, got, seen[0])
+}
+
+func TestRateSumsAreHalvedPastTheirWindow(t *testing.T) {
+	const id = 5
+	store := state.NewMemoryStore()
+	l := NewLoadLedger(store, "kvroute", "decode", 600_000, 8)
+	now := int64(1_000_000)
+	for i := 0; i < 40; i++ { // 40 prefills of 2000 tokens taking 2000 ms each: 80 s
+		tk, err := l.AcquireQueued(id, 2000, 2000, 0, now)
+		require.NoError(t, err)
+		now += 2000
+		require.NoError(t, l.FirstChunk(&tk, now))
+		require.NoError(t, l.Release(tk, func() int64 { return now }))
+	}
+	require.NoError(t, l.Flush(now))
+	e := decodeLedger(l.seen, l.oldestLiveEpoch(now))
+	require.Len(t, e, 1)
+	assert.LessOrEqual(t, e[0].rateMS, int64(rateWindowMS))
+	assert.Greater(t, e[0].rateMS, int64(rateWindowMS/2))
+	assert.Equal(t, e[0].rateMS, e[0].rateTok, "the rate itself, 1 a ms, is kept")
+}
+
+func TestAPrefillEstimatedOverNoLongerRepels(t *testing.T) {
+	// The document's target learns its rate from the document's own prefill (2000
+	// tokens in 200 ms: 10 a ms). Then a 9000-token prompt is sent there. A request
+	// sharing the document avoids the target while most of those 9000 tokens are
+	// estimated ahead, and goes there for its cache once they are estimated done,
+	// though their first chunk has not come back.
+	cfg := testConfig(t, `,"balance":{"fair_share_multiplier":100}`)
+	rng := rand.New(rand.NewSource(4))
+	doc := words(rng, 8000) // 2000 tokens
+	for _, elapsed := range []int64{100, 1000} {
+		clock := &fakeClock{ms: 1e6}
+		r := NewRouter(cfg, state.NewMemoryStore(), clock.now)
+		first := r.Decide(textRequest(doc, 1), NoRank)
+		clock.ms += 200
+		require.NoError(t, r.FirstChunk(&first.Ticket))
+		_, err := r.decode.ledger.AcquireQueued(first.Target.ID, 9000, 9000, 0, clock.ms)
+		require.NoError(t, err)
+		clock.ms += elapsed
+		d := r.Decide(textRequest(doc+words(rng, 8000), 2), NoRank)
+		if elapsed < 900 {
+			assert.NotEqual(t, first.Target.Address, d.Target.Address, "8000 tokens still ahead")
+		} else {
+			assert.Equal(t, first.Target.Address, d.Target.Address, "the 9000 tokens are computed by now")
+			assert.Equal(t, KindPrefix, d.Kind)
+		}
+	}
+}
