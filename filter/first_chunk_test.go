@@ -54,8 +54,8 @@ func TestFirstResponseChunkEndsTheQueuedPrefillInFilter(t *testing.T) {
 // target the rate; a 20000-token prompt on the document (16000 tokens new) then
 // queues there. A request sharing the document (half of its 8000 tokens) goes
 // elsewhere while the 16000 tokens are ahead there, and to the document's target once
-// they are estimated done: with nothing ahead there, its cost is 4 × 4000 + the
-// decode load 8000 = 24000 against 4 × 8000 = 32000 elsewhere.
+// they are estimated done: with nothing ahead there, its cost is 5 × 4000 + the
+// decode load 8000 = 28000 against 4 × 8000 = 32000 elsewhere.
 func TestAPrefillEstimatedOverNoLongerRepelsInFilter(t *testing.T) {
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		for _, wait := range []bool{false, true} {

@@ -8,7 +8,8 @@ import (
 )
 
 // LoadLedger keeps the active requests, active (estimated prompt) tokens and queued
-// prefill tokens of every target of a pool in one shared-data key. Queued prefill
+// prefill tokens (and how many requests they are) of every target of a pool in one
+// shared-data key. Queued prefill
 // tokens are the estimated uncached tokens of the requests sent to a target whose
 // first response chunk has not come back yet: the prefill work queued or running
 // there, which a new request waits behind. Each target also keeps a write clock: the
@@ -54,6 +55,7 @@ type ledgerDelta struct {
 	target   uint64
 	epoch    int64
 	requests int64
+	prefills int64
 	tokens   int64
 	prefill  int64
 	written  int64 // to the target's write clock (its epoch is ignored)
@@ -70,9 +72,9 @@ const (
 	ledgerFormat = 3
 	ledgerSlots  = 8
 	// per target: id(8) written(8) since(8) chunk(8) rate tokens(4) rate ms(4) slot
-	// count(1); per slot: epoch(8) requests(4) tokens(8) prefill(8)
+	// count(1); per slot: epoch(8) requests(4) prefills(4) tokens(8) prefill(8)
 	ledgerTargetHeader = 41
-	ledgerSlotBytes    = 28
+	ledgerSlotBytes    = 32
 )
 
 // rateWindowMS bounds the prefill time a target's rate is learned over: past it,
@@ -83,6 +85,7 @@ const rateWindowMS = 1 << 16
 // Load is one target's current load.
 type Load struct {
 	Requests int64
+	Prefills int64 // the requests of Prefill: those with uncached tokens awaiting their first chunk
 	Tokens   int64
 	Prefill  int64 // queued prefill tokens: uncached tokens awaiting their first chunk
 	Written  int64 // the write clock: uncached tokens ever sent to the target
@@ -141,11 +144,14 @@ func NewLoadLedger(s state.Store, namespace, pool string, leaseMS int64, retries
 type ledgerSlot struct {
 	epoch    int64
 	requests int64
+	prefills int64
 	tokens   int64
 	prefill  int64
 }
 
-func (s *ledgerSlot) live() bool { return s.requests > 0 || s.tokens > 0 || s.prefill > 0 }
+func (s *ledgerSlot) live() bool {
+	return s.requests > 0 || s.prefills > 0 || s.tokens > 0 || s.prefill > 0
+}
 
 // ledgerEntry is one target's live slots, write clock and prefill progress.
 type ledgerEntry struct {
@@ -160,6 +166,7 @@ func (e *ledgerEntry) load() Load {
 	l := Load{Written: e.written, Since: e.since, Chunk: e.chunk, RateTokens: e.rateTok, RateMS: e.rateMS}
 	for _, s := range e.slots {
 		l.Requests += s.requests
+		l.Prefills += s.prefills
 		l.Tokens += s.tokens
 		l.Prefill += s.prefill
 	}
@@ -189,8 +196,9 @@ func decodeLedger(v []byte, oldest int64) []ledgerEntry {
 			s := ledgerSlot{
 				epoch:    int64(binary.LittleEndian.Uint64(v)),
 				requests: int64(binary.LittleEndian.Uint32(v[8:])),
-				tokens:   int64(binary.LittleEndian.Uint64(v[12:])),
-				prefill:  int64(binary.LittleEndian.Uint64(v[20:])),
+				prefills: int64(binary.LittleEndian.Uint32(v[12:])),
+				tokens:   int64(binary.LittleEndian.Uint64(v[16:])),
+				prefill:  int64(binary.LittleEndian.Uint64(v[24:])),
 			}
 			v = v[ledgerSlotBytes:]
 			if s.epoch > oldest && s.live() {
@@ -232,6 +240,7 @@ func encodeLedger(entries []ledgerEntry, keepClock func(uint64) bool) []byte {
 			if s := &e.slots[i]; s.live() {
 				out = binary.LittleEndian.AppendUint64(out, uint64(s.epoch))
 				out = binary.LittleEndian.AppendUint32(out, uint32(s.requests))
+				out = binary.LittleEndian.AppendUint32(out, uint32(s.prefills))
 				out = binary.LittleEndian.AppendUint64(out, uint64(s.tokens))
 				out = binary.LittleEndian.AppendUint64(out, uint64(s.prefill))
 			}
@@ -269,8 +278,9 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 			for ; n > 0; n-- {
 				if i >= 0 && int64(binary.LittleEndian.Uint64(v)) > oldest {
 					dst[i].Requests += int64(binary.LittleEndian.Uint32(v[8:]))
-					dst[i].Tokens += int64(binary.LittleEndian.Uint64(v[12:]))
-					dst[i].Prefill += int64(binary.LittleEndian.Uint64(v[20:]))
+					dst[i].Prefills += int64(binary.LittleEndian.Uint32(v[12:]))
+					dst[i].Tokens += int64(binary.LittleEndian.Uint64(v[16:]))
+					dst[i].Prefill += int64(binary.LittleEndian.Uint64(v[24:]))
 				}
 				v = v[ledgerSlotBytes:]
 			}
@@ -288,6 +298,7 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 		if i >= 0 && d.epoch > oldest {
 			// A release may reach a slot this view has not seen the acquire of yet.
 			dst[i].Requests = max(0, dst[i].Requests+d.requests)
+			dst[i].Prefills = max(0, dst[i].Prefills+d.prefills)
 			dst[i].Tokens = max(0, dst[i].Tokens+d.tokens)
 			dst[i].Prefill = max(0, dst[i].Prefill+d.prefill)
 		}
@@ -322,7 +333,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 	for i := range entries {
 		ld := entries[i].load()
 		ld.Written, ld.Since, ld.Chunk, ld.RateTokens, ld.RateMS = 0, 0, 0, 0, 0 // clocks, not load
-		if ld.Requests > 0 || ld.Tokens > 0 || ld.Prefill > 0 {
+		if ld.Requests > 0 || ld.Prefills > 0 || ld.Tokens > 0 || ld.Prefill > 0 {
 			out[entries[i].target] = ld
 		}
 	}
@@ -362,6 +373,7 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []le
 			e.slots = append(e.slots, ledgerSlot{epoch: d.epoch})
 		}
 		e.slots[j].requests = max(0, e.slots[j].requests+d.requests)
+		e.slots[j].prefills = max(0, e.slots[j].prefills+d.prefills)
 		e.slots[j].tokens = max(0, e.slots[j].tokens+d.tokens)
 		e.slots[j].prefill = max(0, e.slots[j].prefill+d.prefill)
 	}
@@ -375,6 +387,7 @@ func (l *LoadLedger) note(d ledgerDelta, nowMS func() int64) error {
 	for i := range l.pending {
 		if p := &l.pending[i]; p.target == d.target && p.epoch == d.epoch {
 			p.requests += d.requests
+			p.prefills += d.prefills
 			p.tokens += d.tokens
 			p.prefill += d.prefill
 			p.written += d.written
@@ -398,7 +411,7 @@ func (l *LoadLedger) note(d ledgerDelta, nowMS func() int64) error {
 // were released within the batch cancel out.
 func (l *LoadLedger) hasChanges() bool {
 	for _, d := range l.pending {
-		if d.requests != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 || d.progress() {
+		if d.requests != 0 || d.prefills != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 || d.progress() {
 			return true
 		}
 	}
@@ -457,7 +470,11 @@ func (l *LoadLedger) Acquire(target uint64, tokens int64, nowMS int64) (LoadTick
 // new Load.Since (Load.SinceAfterSend).
 func (l *LoadLedger) AcquireQueued(target uint64, tokens, prefill, since int64, nowMS int64) (LoadTicket, error) {
 	epoch := nowMS / l.slotMS
-	err := l.note(ledgerDelta{target: target, epoch: epoch, requests: 1, tokens: tokens, prefill: prefill, written: prefill, since: since}, func() int64 { return nowMS })
+	d := ledgerDelta{target: target, epoch: epoch, requests: 1, tokens: tokens, prefill: prefill, written: prefill, since: since}
+	if prefill > 0 {
+		d.prefills = 1
+	}
+	err := l.note(d, func() int64 { return nowMS })
 	return LoadTicket{Target: target, Epoch: epoch, Tokens: tokens, Prefill: prefill, SentMS: nowMS, Valid: true}, err
 }
 
@@ -481,7 +498,7 @@ func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 		prev[0] = Load{}
 	}
 	took := max(1, nowMS-max(t.SentMS, prev[0].Chunk))
-	d := ledgerDelta{target: t.Target, epoch: t.Epoch, prefill: -t.Prefill, since: nowMS, chunk: nowMS, rateTok: t.Prefill, rateMS: took}
+	d := ledgerDelta{target: t.Target, epoch: t.Epoch, prefills: -1, prefill: -t.Prefill, since: nowMS, chunk: nowMS, rateTok: t.Prefill, rateMS: took}
 	t.Prefill = 0
 	return l.note(d, func() int64 { return nowMS })
 }
@@ -491,5 +508,9 @@ func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 // releases nothing: the lease already dropped it (views and flushes ignore changes to
 // expired slots). now is read only if the batch is written.
 func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
-	return l.note(ledgerDelta{target: t.Target, epoch: t.Epoch, requests: -1, tokens: -t.Tokens, prefill: -t.Prefill}, now)
+	d := ledgerDelta{target: t.Target, epoch: t.Epoch, requests: -1, tokens: -t.Tokens, prefill: -t.Prefill}
+	if t.Prefill > 0 {
+		d.prefills = -1
+	}
+	return l.note(d, now)
 }

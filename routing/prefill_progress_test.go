@@ -4,6 +4,7 @@ import (
 	"math/rand"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/state"
 
 	"github.com/stretchr/testify/assert"
@@ -59,12 +60,13 @@ func TestFirstChunksTeachATargetsPrefillRate(t *testing.T) {
 	b, err := l.AcquireQueued(id, 2000, 2000, 0, 1100)
 	require.NoError(t, err)
 	got := one(1100)
+	assert.Equal(t, int64(2), got.Prefills)
 	assert.Equal(t, int64(6000), got.PrefillAhead(1100), "no rate yet: all queued is ahead")
 
 	// A's first chunk at 1400: 4000 tokens in 400 ms; B starts.
 	require.NoError(t, l.FirstChunk(&a, 1400))
 	got = one(1400)
-	assert.Equal(t, Load{Requests: 2, Tokens: 6000, Prefill: 2000, Written: 6000,
+	assert.Equal(t, Load{Requests: 2, Prefills: 1, Tokens: 6000, Prefill: 2000, Written: 6000,
 		Since: 1400, Chunk: 1400, RateTokens: 4000, RateMS: 400}, got)
 	assert.Equal(t, int64(1000), got.PrefillAhead(1500), "10 a ms for 100 ms")
 
@@ -72,7 +74,7 @@ func TestFirstChunksTeachATargetsPrefillRate(t *testing.T) {
 	require.NoError(t, l.FirstChunk(&b, 1600))
 	require.NoError(t, l.Flush(1600))
 	got = one(1600)
-	assert.Equal(t, int64(0), got.Prefill)
+	assert.Equal(t, int64(0), got.Prefills)
 	assert.Equal(t, int64(6000), got.RateTokens)
 	assert.Equal(t, int64(600), got.RateMS)
 	assert.Equal(t, int64(1600), got.Since)
@@ -107,6 +109,32 @@ func TestRateSumsAreHalvedPastTheirWindow(t *testing.T) {
 	assert.LessOrEqual(t, e[0].rateMS, int64(rateWindowMS))
 	assert.Greater(t, e[0].rateMS, int64(rateWindowMS/2))
 	assert.Equal(t, e[0].rateMS, e[0].rateTok, "the rate itself, 1 a ms, is kept")
+}
+
+func TestCostWeighsTheQueuedPrefillsAPromptWouldDelay(t *testing.T) {
+	// Ahead: 8500 tokens in one prefill on the first target, 8000 in eight short ones
+	// on the second, 9000 in one on the third. A request computes its prompt alongside
+	// the prefills queued where it goes, delaying each of them: a 4000-token prompt
+	// costs (no cache, no decode load) 8500 + (4 + 1) × 4000 = 28500, 8000 + (4 + 8) ×
+	// 4000 = 56000 and 9000 + (4 + 1) × 4000 = 29000. By tokens ahead alone the
+	// second would win.
+	cfg := testConfig(t, `,"balance":{"fair_share_multiplier":100,"load_weight":0},"prefix":{"enabled":false}`)
+	r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	ts := r.DecodeTargets()
+	_, err := r.decode.ledger.AcquireQueued(ts[0].ID, 8500, 8500, 0, 1e6)
+	require.NoError(t, err)
+	for k := 0; k < 8; k++ {
+		_, err := r.decode.ledger.AcquireQueued(ts[1].ID, 1000, 1000, 0, 1e6)
+		require.NoError(t, err)
+	}
+	_, err = r.decode.ledger.AcquireQueued(ts[2].ID, 9000, 9000, 0, 1e6)
+	require.NoError(t, err)
+	d := r.Decide(&extract.Request{Tokens: 4000, Identity: 1}, NoRank)
+	assert.Equal(t, ts[0].Address, d.Target.Address)
+	// A short prompt delays the short prefills little: now 12500 + 6 × 100 = 13100,
+	// 8000 + 12 × 100 = 9200 and 9000 + 5 × 100 = 9500.
+	d2 := r.Decide(&extract.Request{Tokens: 100, Identity: 2}, NoRank)
+	assert.Equal(t, ts[1].Address, d2.Target.Address)
 }
 
 func TestAPrefillEstimatedOverNoLongerRepels(t *testing.T) {

@@ -30,7 +30,7 @@ func TestQueuedPrefillTokensLeaveAtTheFirstChunk(t *testing.T) {
 	doc := words(rng, 8000)
 	d := r.Decide(textRequest(doc, 1), NoRank)
 	at := d.Target.Address
-	assert.Equal(t, Load{Requests: 1, Tokens: 2000, Prefill: 2000}, decodeLoad(t, r, at), "nothing cached: the whole prompt queues")
+	assert.Equal(t, Load{Requests: 1, Prefills: 1, Tokens: 2000, Prefill: 2000}, decodeLoad(t, r, at), "nothing cached: the whole prompt queues")
 
 	require.NoError(t, r.FirstChunk(&d.Ticket))
 	assert.Equal(t, Load{Requests: 1, Tokens: 2000}, decodeLoad(t, r, at), "the prefill is over; the request still runs")

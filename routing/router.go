@@ -313,14 +313,20 @@ func (r *Router) loadOf(l Load) int64 {
 // anywhere). The cost estimates, in prefill tokens (time at a target's prefill
 // rate), how long the request would wait for its first token on a target:
 //
-//	cost(t) = queued_prefill(t) + 4 × (request_tokens − matched(t))
+//	cost(t) = prefill_ahead(t) + (4 + prefills(t)) × (request_tokens − matched(t))
 //	        + load_weight × active_tokens(t) / max(total_active_tokens, request_tokens) × request_tokens
 //
-// queued_prefill(t) is the uncached tokens of the requests sent to t whose first
-// response chunk has not come back (their prefill is queued or running, ahead of
-// this one); request_tokens − matched(t) is this request's own prefill there,
-// weighted by ownWeight; the last term is the decode load, which slows a prefill
-// sharing the engine with it and holds the KV memory new requests need. Ties go to fewer active tokens, then to a
+// prefill_ahead(t) is what is estimated left of the uncached tokens of the requests
+// sent to t whose first response chunk has not come back (Load.PrefillAhead): their
+// prefill is queued or running, ahead of this one. request_tokens − matched(t) is
+// this request's own prefill there, weighted by ownWeight plus prefills(t), the
+// number of those requests: an engine batches the prefills it holds into the same
+// steps, so each of them is delayed by the tokens this one computes (in an engine
+// that prefills one prompt at a time the term still pays: long prompts keep off the
+// targets where many short ones queue, so the short ones that follow there do not
+// wait behind them). The last term is the decode
+// load, which slows a prefill sharing the engine with it and holds the KV memory new
+// requests need. Ties go to fewer active tokens, then to a
 // shuffle seeded by the request identity, so every VM and replica picks alike.
 func (r *Router) cheapest(v *poolView, cands []int, req *extract.Request, matched []int) int {
 	return r.cheapestFrom(v, cands, req, matched, -1, 0)
@@ -342,7 +348,7 @@ func (r *Router) cheapestFrom(v *poolView, cands []int, req *extract.Request, ma
 			m = float64(matched[i])
 		}
 		l := &v.loads[i]
-		cost := float64(v.ahead[i]) + ownWeight*(reqTokens-m) + w*float64(l.Tokens)/denom*reqTokens
+		cost := float64(v.ahead[i]) + (ownWeight+float64(l.Prefills))*(reqTokens-m) + w*float64(l.Tokens)/denom*reqTokens
 		if i != home {
 			cost += leave
 		}
