@@ -59,7 +59,7 @@ func runReplica(args []string, in io.Reader, out io.Writer) error {
 	}
 	fail := func(err error) error {
 		// Tell the parent why before exiting: it is waiting for a reply.
-		_ = newReplicaConn(nil, out).Send(&replicaMsg{Kind: 'E', Text: err.Error()})
+		_ = newReplicaConn(nil, out).Send(&replicaMsg{Kind: "E", Text: err.Error()})
 		return err
 	}
 	if fc.Endpoints < 1 || fc.DPSize < 1 {
@@ -138,11 +138,11 @@ func (s *replicaServer) Serve() (err error) {
 		// A trap in the guest surfaces as a panic of the emulator.
 		if r := recover(); r != nil {
 			err = fmt.Errorf("the compiled filter crashed in the host emulator: %v", r)
-			_ = s.conn.Send(&replicaMsg{Kind: 'E', Text: err.Error()})
+			_ = s.conn.Send(&replicaMsg{Kind: "E", Text: err.Error()})
 		}
 	}()
 	fail := func(err error) error {
-		_ = s.conn.Send(&replicaMsg{Kind: 'E', Text: err.Error()})
+		_ = s.conn.Send(&replicaMsg{Kind: "E", Text: err.Error()})
 		return err
 	}
 	for {
@@ -154,7 +154,7 @@ func (s *replicaServer) Serve() (err error) {
 			return fail(err)
 		}
 		switch m.Kind {
-		case 'C':
+		case "C":
 			s.at(m.TimeMS)
 			body := m.Body
 			r := &Request{Index: m.Index, Path: m.Path, Headers: m.Headers, body: func() []byte { return body }}
@@ -165,33 +165,30 @@ func (s *replicaServer) Serve() (err error) {
 			if s.p.err != nil {
 				return fail(s.p.err)
 			}
-			if err := s.conn.Send(&replicaMsg{Kind: 'T', Target: t, Text: s.p.kinds[m.Index]}); err != nil {
+			if err := s.conn.Send(&replicaMsg{Kind: "T", Target: t, Text: s.p.kinds[m.Index]}); err != nil {
 				return err
 			}
-		case 'F':
+		case "F":
 			s.at(m.TimeMS)
 			s.p.FirstToken(&Request{Index: m.Index}, 0)
 			if s.err != nil {
 				return fail(s.err)
 			}
-			if err := s.conn.Send(&replicaMsg{Kind: 'O'}); err != nil {
+			if err := s.conn.Send(&replicaMsg{Kind: "ok"}); err != nil {
 				return err
 			}
-		case 'D':
+		case "D":
 			s.at(m.TimeMS)
 			s.p.Done(&Request{Index: m.Index}, 0)
 			if s.err != nil {
 				return fail(s.err)
 			}
-			if err := s.conn.Send(&replicaMsg{Kind: 'O'}); err != nil {
+			if err := s.conn.Send(&replicaMsg{Kind: "ok"}); err != nil {
 				return err
 			}
-		case 'S':
-			b, err := json.Marshal(s.Stats())
-			if err != nil {
-				return fail(err)
-			}
-			if err := s.conn.Send(&replicaMsg{Kind: 'S', Body: b}); err != nil {
+		case "S":
+			st := s.Stats()
+			if err := s.conn.Send(&replicaMsg{Kind: "S", Stats: &st}); err != nil {
 				return err
 			}
 		default:
@@ -253,14 +250,14 @@ func (s *replicaServer) answerScrapes() int {
 
 // page asks the parent for an endpoint's metrics page.
 func (s *replicaServer) page(endpoint string) ([]byte, error) {
-	if err := s.conn.Send(&replicaMsg{Kind: 'M', Text: endpoint}); err != nil {
+	if err := s.conn.Send(&replicaMsg{Kind: "M", Text: endpoint}); err != nil {
 		return nil, err
 	}
 	m, err := s.conn.Receive()
 	if err != nil {
 		return nil, err
 	}
-	if m.Kind != 'P' {
+	if m.Kind != "P" {
 		return nil, fmt.Errorf("replica protocol: asked for the page of %s, got message %q", endpoint, m.Kind)
 	}
 	return m.Body, nil

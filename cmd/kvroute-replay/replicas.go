@@ -213,7 +213,7 @@ func (p *replicaPolicy) fail(i int, err error) {
 }
 
 // await reads replica i's messages up to one of kind want, serving metrics pages.
-func (p *replicaPolicy) await(i int, want byte) (*replicaMsg, error) {
+func (p *replicaPolicy) await(i int, want string) (*replicaMsg, error) {
 	c := p.kids[i].conn
 	for {
 		m, err := c.Receive()
@@ -223,15 +223,15 @@ func (p *replicaPolicy) await(i int, want byte) (*replicaMsg, error) {
 		switch m.Kind {
 		case want:
 			return m, nil
-		case 'E':
+		case "E":
 			return nil, fmt.Errorf("%s", m.Text)
-		case 'M':
+		case "M":
 			e, ok := p.endpoints[m.Text]
 			if !ok || p.fleet == nil {
 				return nil, fmt.Errorf("a scrape of %q, not a fleet endpoint", m.Text)
 			}
 			p.pages++
-			if err := c.Send(&replicaMsg{Kind: 'P', Body: enginePage(p.fleet, e)}); err != nil {
+			if err := c.Send(&replicaMsg{Kind: "P", Body: enginePage(p.fleet, e)}); err != nil {
 				return nil, err
 			}
 		default:
@@ -248,12 +248,12 @@ func (p *replicaPolicy) Choose(r *Request, f *Fleet) int {
 	i := replicaOf(p.seed, r.Index, len(p.kids))
 	p.home[r.Index] = i
 	p.perKid[i]++
-	err := p.kids[i].conn.Send(&replicaMsg{Kind: 'C', Index: r.Index, TimeMS: f.Now(), Path: r.Path, Headers: r.Headers, Body: r.Body()})
+	err := p.kids[i].conn.Send(&replicaMsg{Kind: "C", Index: r.Index, TimeMS: f.Now(), Path: r.Path, Headers: r.Headers, Body: r.Body()})
 	if err != nil {
 		p.fail(i, err)
 		return 0
 	}
-	m, err := p.await(i, 'T')
+	m, err := p.await(i, "T")
 	if err != nil {
 		p.fail(i, err)
 		return 0
@@ -271,11 +271,11 @@ func (p *replicaPolicy) FirstToken(r *Request, _ int) {
 	if !ok || p.err != nil {
 		return
 	}
-	if err := p.kids[i].conn.Send(&replicaMsg{Kind: 'F', Index: r.Index, TimeMS: p.fleet.Now()}); err != nil {
+	if err := p.kids[i].conn.Send(&replicaMsg{Kind: "F", Index: r.Index, TimeMS: p.fleet.Now()}); err != nil {
 		p.fail(i, err)
 		return
 	}
-	if _, err := p.await(i, 'O'); err != nil {
+	if _, err := p.await(i, "ok"); err != nil {
 		p.fail(i, err)
 	}
 }
@@ -286,11 +286,11 @@ func (p *replicaPolicy) Done(r *Request, _ int) {
 		return
 	}
 	delete(p.home, r.Index)
-	if err := p.kids[i].conn.Send(&replicaMsg{Kind: 'D', Index: r.Index, TimeMS: p.fleet.Now()}); err != nil {
+	if err := p.kids[i].conn.Send(&replicaMsg{Kind: "D", Index: r.Index, TimeMS: p.fleet.Now()}); err != nil {
 		p.fail(i, err)
 		return
 	}
-	if _, err := p.await(i, 'O'); err != nil {
+	if _, err := p.await(i, "ok"); err != nil {
 		p.fail(i, err)
 	}
 }
@@ -298,20 +298,20 @@ func (p *replicaPolicy) Done(r *Request, _ int) {
 // stats asks replica i for its counters.
 func (p *replicaPolicy) stats(i int) (replicaStats, error) {
 	var st replicaStats
-	if err := p.kids[i].conn.Send(&replicaMsg{Kind: 'S'}); err != nil {
+	if err := p.kids[i].conn.Send(&replicaMsg{Kind: "S"}); err != nil {
 		p.fail(i, err)
 		return st, p.err
 	}
-	m, err := p.await(i, 'S')
+	m, err := p.await(i, "S")
 	if err != nil {
 		p.fail(i, err)
 		return st, p.err
 	}
-	if err := json.Unmarshal(m.Body, &st); err != nil {
-		p.fail(i, err)
+	if m.Stats == nil {
+		p.fail(i, fmt.Errorf("replica protocol: an S reply without stats"))
 		return st, p.err
 	}
-	return st, nil
+	return *m.Stats, nil
 }
 
 // Close ends the children: each exits when its stdin closes.

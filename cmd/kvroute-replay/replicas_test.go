@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -39,23 +38,24 @@ func requireWasm(t *testing.T) []byte {
 }
 
 func TestReplicaProtocolRoundTrip(t *testing.T) {
-	weird := "a b\nc\x00d\r\n ok\nS 3\n"
+	weird := "a b\nc\x00d\r\n ok\nS 3\n\"}{"
 	msgs := []*replicaMsg{
-		{Kind: 'C', Index: 7, TimeMS: 1234.5678901234567, Path: "/v1/chat/completions",
+		{Kind: "C", Index: 7, TimeMS: 1234.5678901234567, Path: "/v1/chat/completions",
 			Headers: [][2]string{{"x-session-id", "conv 1\nT 0 0"}, {"empty", ""}, {"", "no name"}},
 			Body:    []byte(`{"prompt":"` + weird + `"}`)},
-		{Kind: 'C', Index: 0, TimeMS: 0, Path: "", Body: []byte{}},
-		{Kind: 'D', Index: 123456, TimeMS: 1e-7},
-		{Kind: 'F', Index: 7, TimeMS: 12.5},
-		{Kind: 'S'},
-		{Kind: 'S', Body: []byte(`{"routed":3}`)},
-		{Kind: 'P', Body: []byte(weird)},
-		{Kind: 'P', Body: []byte{}},
-		{Kind: 'M', Text: "10.0.0.1:8000"},
-		{Kind: 'T', Target: 5, Text: "new-conversation"},
-		{Kind: 'T', Target: 0, Text: ""},
-		{Kind: 'O'},
-		{Kind: 'E', Text: weird},
+		{Kind: "C", Index: 0, TimeMS: 0, Path: "", Body: []byte{}},
+		{Kind: "C", Index: 1, Body: []byte{0xff, 0x00, '\n', 0xc3}},
+		{Kind: "D", Index: 123456, TimeMS: 1e-7},
+		{Kind: "F", Index: 7, TimeMS: 12.5},
+		{Kind: "S"},
+		{Kind: "S", Stats: &replicaStats{Routed: 3, Decisions: []Count{{Name: "sticky", N: 2}}, PD: "off"}},
+		{Kind: "P", Body: []byte(weird)},
+		{Kind: "P", Body: []byte{}},
+		{Kind: "M", Text: "10.0.0.1:8000"},
+		{Kind: "T", Target: 5, Text: "new-conversation"},
+		{Kind: "T", Target: 0, Text: ""},
+		{Kind: "ok"},
+		{Kind: "E", Text: weird},
 	}
 	var buf bytes.Buffer
 	w := newReplicaConn(nil, &buf)
@@ -66,15 +66,12 @@ func TestReplicaProtocolRoundTrip(t *testing.T) {
 	for i, want := range msgs {
 		got, err := r.Receive()
 		require.NoError(t, err, "message %d", i)
-		if want.Body != nil && len(want.Body) == 0 {
-			want.Body = []byte{}
-		}
 		assert.Equal(t, want, got, "message %d", i)
 	}
 	_, err := r.Receive()
 	assert.Equal(t, io.EOF, err, "the end of the stream between messages")
 
-	for _, bad := range []string{"C 1 2 3\n", "X\n", "T x 0\n", "P 5\nab", "P -1\n", "D 1\n", "\n"} {
+	for _, bad := range []string{`{"kind":"C","index":1`, "X\n", `{"kind":"T","target":"x"}`, `{"kind":"P","body":"!"}`, `{"index":1}`, `[]`} {
 		_, err := newReplicaConn(strings.NewReader(bad), nil).Receive()
 		assert.Error(t, err, "%q", bad)
 		assert.NotEqual(t, io.EOF, err, "%q is a broken message, not the end", bad)
@@ -173,11 +170,11 @@ func TestReplicaChildLoopInProcess(t *testing.T) {
 	busy := NewFleet(fc, 512)
 	load(busy, 1, 40)
 	scraped := map[string]int{}
-	await := func(want byte) *replicaMsg {
+	await := func(want string) *replicaMsg {
 		for {
 			m, err := parent.Receive()
 			require.NoError(t, err)
-			if m.Kind == 'M' {
+			if m.Kind == "M" {
 				e := -1
 				for i := 0; i < fc.Endpoints; i++ {
 					if fc.Address(i) == m.Text {
@@ -186,10 +183,10 @@ func TestReplicaChildLoopInProcess(t *testing.T) {
 				}
 				require.GreaterOrEqual(t, e, 0, "a scrape of a fleet endpoint: %q", m.Text)
 				scraped[m.Text]++
-				require.NoError(t, parent.Send(&replicaMsg{Kind: 'P', Body: enginePage(busy, e)}))
+				require.NoError(t, parent.Send(&replicaMsg{Kind: "P", Body: enginePage(busy, e)}))
 				continue
 			}
-			require.Equal(t, string(want), string(m.Kind), "reply %q: %s", m.Kind, m.Text)
+			require.Equal(t, want, m.Kind, "reply %q: %s", m.Kind, m.Text)
 			return m
 		}
 	}
@@ -197,21 +194,22 @@ func TestReplicaChildLoopInProcess(t *testing.T) {
 	for i := 0; i < n; i++ {
 		now := float64(i) * 300
 		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}]}`, i)
-		require.NoError(t, parent.Send(&replicaMsg{Kind: 'C', Index: i, TimeMS: now, Path: "/v1/chat/completions",
+		require.NoError(t, parent.Send(&replicaMsg{Kind: "C", Index: i, TimeMS: now, Path: "/v1/chat/completions",
 			Headers: [][2]string{{"x-session-id", fmt.Sprintf("conv-%d", i)}}, Body: []byte(body)}))
-		m := await('T')
+		m := await("T")
 		assert.NotEqual(t, 1, m.Target, "request %d avoids the endpoint busy with the others' traffic", i)
 		assert.True(t, strings.HasPrefix(m.Text, "new-conversation"), "decision %q", m.Text)
-		require.NoError(t, parent.Send(&replicaMsg{Kind: 'D', Index: i, TimeMS: now + 100}))
-		await('O')
+		require.NoError(t, parent.Send(&replicaMsg{Kind: "D", Index: i, TimeMS: now + 100}))
+		await("ok")
 	}
 	for i := 0; i < fc.Endpoints; i++ {
 		// One scrape per interval_ms (1000) of replay time: 40 × 300 ms ≈ 12 s.
 		assert.InDelta(t, 12, scraped[fc.Address(i)], 2, "scrapes of %s", fc.Address(i))
 	}
-	require.NoError(t, parent.Send(&replicaMsg{Kind: 'S'}))
-	var st replicaStats
-	require.NoError(t, json.Unmarshal(await('S').Body, &st))
+	require.NoError(t, parent.Send(&replicaMsg{Kind: "S"}))
+	reply := await("S")
+	require.NotNil(t, reply.Stats)
+	st := *reply.Stats
 	assert.Equal(t, uint64(n), st.Routed)
 	assert.Equal(t, uint64(0), st.ActiveRequests, "every request's load released")
 	assert.Equal(t, uint64(0), st.FailOpen)
