@@ -2,12 +2,12 @@ package main
 
 import (
 	"bufio"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"sort"
 	"strings"
 
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/tidwall/gjson"
 )
 
@@ -101,12 +101,12 @@ func OpenAIRequests(recs []OpenAIRecord, charsPerToken int, speed float64) []*Re
 	for i, k := range sorted {
 		rec := &recs[k]
 		body := gjson.ParseBytes(rec.Body)
-		text, tokens := canonicalPrompt(rec.Path, body, charsPerToken)
+		text, tokens, model := canonicalPrompt(rec.Path, rec.Body, charsPerToken)
 		r := &Request{
 			Index:        i,
 			ArrivalMS:    (rec.TimestampMS - t0) / speed,
 			Path:         rec.Path,
-			Model:        body.Get("model").String(),
+			Model:        model,
 			Headers:      rec.Headers,
 			Conversation: conversationID(rec.Headers, body),
 			InputTokens:  tokens,
@@ -148,104 +148,15 @@ func conversationID(headers [][2]string, body gjson.Result) string {
 	return ""
 }
 
-// canonicalPrompt is the prompt text the routers hash and its token estimate, after
-// kvroute's canonical prompt (docs/behaviour.md, Reading the request): chat messages as
-// role:text lines, a completions prompt (the first of a batch; token ids as 4 bytes each),
-// responses instructions then input.
-func canonicalPrompt(path string, body gjson.Result, charsPerToken int) ([]byte, int) {
-	var b []byte
-	tokens := -1
-	switch path {
-	case "/v1/chat/completions":
-		b = appendMessages(b, body.Get("messages"))
-	case "/v1/responses":
-		if s := body.Get("instructions"); s.Type == gjson.String {
-			b = append(b, "system:"...)
-			b = append(b, s.Str...)
-		}
-		in := body.Get("input")
-		if in.Type == gjson.String {
-			if len(b) > 0 {
-				b = append(b, '\n')
-			}
-			b = append(b, "user:"...)
-			b = append(b, in.Str...)
-		} else {
-			if len(b) > 0 && len(in.Array()) > 0 {
-				b = append(b, '\n')
-			}
-			b = appendMessages(b, in)
-		}
-	default: // /v1/completions
-		p := body.Get("prompt")
-		switch {
-		case p.Type == gjson.String:
-			b = append(b, p.Str...)
-		case p.IsArray():
-			items := p.Array()
-			if len(items) == 0 {
-				break
-			}
-			switch {
-			case items[0].Type == gjson.String:
-				b = append(b, items[0].Str...)
-				n := 0
-				for _, it := range items {
-					n += len(it.Str)
-				}
-				tokens = n / charsPerToken
-			case items[0].Type == gjson.Number:
-				b = appendTokenIDs(b, items)
-				tokens = len(items)
-			case items[0].IsArray():
-				first := items[0].Array()
-				b = appendTokenIDs(b, first)
-				tokens = 0
-				for _, it := range items {
-					tokens += len(it.Array())
-				}
-			}
-		}
+// canonicalPrompt is the prompt text the routers hash and its token estimate: kvroute's
+// own canonical prompt (extract.Extract, docs/behaviour.md, Reading the request), so
+// the hit accounting and the baselines hash exactly what the filter hashes. A body the
+// filter cannot read has no prompt (kvroute fails open on it) and one token.
+func canonicalPrompt(path string, body []byte, charsPerToken int) (text []byte, tokens int, model string) {
+	var req extract.Request
+	opt := extract.ExtractOptions{CharsPerToken: charsPerToken}
+	if err := extract.Extract(extract.APIForPath(path), body, opt, &req); err != nil {
+		return nil, 1, ""
 	}
-	if tokens < 0 {
-		tokens = len(b) / charsPerToken
-	}
-	return b, max(tokens, 1)
-}
-
-func appendMessages(b []byte, msgs gjson.Result) []byte {
-	first := true
-	msgs.ForEach(func(_, m gjson.Result) bool {
-		if !first {
-			b = append(b, '\n')
-		}
-		first = false
-		b = append(b, m.Get("role").String()...)
-		b = append(b, ':')
-		c := m.Get("content")
-		switch {
-		case c.Type == gjson.String:
-			b = append(b, c.Str...)
-		case c.IsArray():
-			c.ForEach(func(_, part gjson.Result) bool {
-				if t := part.Get("text"); t.Type == gjson.String {
-					b = append(b, t.Str...)
-				} else {
-					b = append(b, part.Raw...)
-				}
-				return true
-			})
-		}
-		return true
-	})
-	return b
-}
-
-func appendTokenIDs(b []byte, ids []gjson.Result) []byte {
-	var w [4]byte
-	for _, id := range ids {
-		binary.LittleEndian.PutUint32(w[:], uint32(id.Uint()))
-		b = append(b, w[:]...)
-	}
-	return b
+	return req.Prompt, max(req.Tokens, 1), req.Model
 }

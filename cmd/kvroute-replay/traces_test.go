@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
@@ -169,6 +170,31 @@ func TestReadOpenAI(t *testing.T) {
 
 	_, err = ReadOpenAI(strings.NewReader(`{"body": 3}`), 0)
 	assert.ErrorContains(t, err, "body is not an object")
+}
+
+// The replay hashes the prompt the filter hashes, including what is not text: a
+// message's tool calls and a responses item that is not a message.
+func TestOpenAIPromptIsTheFiltersPrompt(t *testing.T) {
+	trace := `{"path": "/v1/chat/completions", "body": {"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "t1"}]}, {"role": "user", "content": "go"}]}}
+{"timestamp_ms": 1, "path": "/v1/responses", "body": {"input": [{"type": "function_call_output", "output": "42"}, {"role": "user", "content": "ok?"}]}}
+{"timestamp_ms": 2, "path": "/v1/completions", "body": {"prompt": {"not": "a prompt"}}}
+`
+	recs, err := ReadOpenAI(strings.NewReader(trace), 0)
+	require.NoError(t, err)
+	reqs := OpenAIRequests(recs, 4, 1)
+	for i, r := range reqs {
+		var want extract.Request
+		err := extract.Extract(extract.APIForPath(r.Path), r.Body(), extract.ExtractOptions{CharsPerToken: 4}, &want)
+		if i == 2 {
+			require.Error(t, err)
+			assert.Empty(t, r.Text(), "an unreadable body has no prompt")
+			continue
+		}
+		require.NoError(t, err)
+		assert.Equal(t, string(want.Prompt), string(r.Text()), "request %d", i)
+		assert.Equal(t, max(want.Tokens, 1), r.InputTokens, "request %d", i)
+	}
+	assert.Equal(t, `assistant:[{"id": "t1"}]`+"\nuser:go", string(reqs[0].Text()))
 }
 
 func TestSniffFormatAndLoadTrace(t *testing.T) {
