@@ -59,7 +59,7 @@ bench: build
 	@mkdir -p build
 	$(WASM_GO) -o build/floor.wasm ./bench/floorfilter
 	$(GO) test ./bench -run '^$$' -bench . -benchtime 2700x
-	$(GO) test -run '^$$' -bench . -benchmem ./routing ./filter
+	$(GO) test -run '^$$' -bench . -benchmem ./routing/... ./filter
 
 # 1 000 000 requests through the compiled filter in the emulator (minutes).
 soak: build

@@ -15,7 +15,7 @@ import (
 // there, which a new request waits behind. Each target also keeps a write clock: the
 // uncached tokens of every request ever sent there, i.e. how much its KV cache has
 // had to take in — a prefix written there longer ago than the cache holds has been
-// evicted (see PrefixIndex). And each target keeps what is needed to estimate how
+// evicted (see prefix.PrefixIndex). And each target keeps what is needed to estimate how
 // much of its queued prefill is still ahead of a new request (Load.PrefillAhead): when
 // the queue was last known to be all ahead — a first chunk (the prefill before is
 // over, the next starts) or a request sent to a drained queue — and the prefill rate

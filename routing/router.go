@@ -7,6 +7,7 @@ import (
 	"github.com/kvroute/kvroute/routing/engine"
 	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
+	"github.com/kvroute/kvroute/routing/prefix"
 	"github.com/kvroute/kvroute/routing/state"
 )
 
@@ -23,7 +24,7 @@ type Router struct {
 	localCursor uint64
 	// cpBuf is reused for each request's checkpoints (a Router serves one VM, one
 	// request at a time).
-	cpBuf []Checkpoint
+	cpBuf []prefix.Checkpoint
 }
 
 // poolState is one pool's targets and the shared records kept for it.
@@ -34,7 +35,7 @@ type poolState struct {
 	ledger     *LoadLedger
 	health     *HealthBoard
 	cursor     *Cursor
-	index      *PrefixIndex
+	index      *prefix.PrefixIndex
 	conv       *ConversationTable
 	engine     *engine.EngineBoard // nil unless engine_metrics.enabled
 
@@ -69,7 +70,7 @@ func NewRouter(cfg *config.Config, store state.Store, now func() int64) *Router 
 			ledger: NewLoadLedger(store, ns, name, cfg.State.LeaseMS, retries),
 			health: NewHealthBoard(store, ns, name, cfg.Health, retries),
 			cursor: NewCursor(store, ns, name, retries),
-			index:  NewPrefixIndex(store, ns, name, cfg.Prefix.CapacityBlocks, retries),
+			index:  prefix.NewPrefixIndex(store, ns, name, cfg.Prefix.CapacityBlocks, retries),
 			conv:   NewConversationTable(store, ns, name, cfg.Conversation.MaxSessions, retries),
 		}
 		ps.setTargets(p.Endpoints)
@@ -109,7 +110,7 @@ func (ps *poolState) setTargets(eps []config.Endpoint) {
 	n := len(ps.targets.Targets)
 	ps.byID32 = newTargetIndex(n)
 	for i, t := range ps.targets.Targets {
-		ps.byID32.put(uint64(prefixTargetID(t.ID)), i)
+		ps.byID32.put(uint64(prefix.PrefixTargetID(t.ID)), i)
 	}
 	ps.matchedBuf = make([]int, n)
 	ps.syncLoads = make([]Load, n)
@@ -411,10 +412,10 @@ func rendezvous(p *poolState, cands []int, key uint64) int {
 
 // prompt is the prefix view of one request: its checkpoints and matches.
 type prompt struct {
-	cps      []Checkpoint
+	cps      []prefix.Checkpoint
 	blocks   int
 	matched  []int // matched blocks per target index of the pool; nil until looked up
-	search   *PrefixSearch
+	search   *prefix.PrefixSearch
 	complete bool // matched has every target's match, not only the deepest
 }
 
@@ -433,10 +434,10 @@ func (r *Router) Decide(req *extract.Request, rank int) Decision {
 	if rank != NoRank && !r.rankExists(r.decode, rank) {
 		rank = NoRank
 	}
-	var cps []Checkpoint
+	var cps []prefix.Checkpoint
 	blocks := 0
 	if r.cfg.Prefix.Enabled && req.BlockBytes > 0 {
-		r.cpBuf, blocks = HashCheckpoints(req.Model, req.Prompt, req.BlockBytes, r.cpBuf)
+		r.cpBuf, blocks = prefix.HashCheckpoints(req.Model, req.Prompt, req.BlockBytes, r.cpBuf)
 		cps = r.cpBuf
 	}
 	pr := &prompt{cps: cps, blocks: blocks}
@@ -900,7 +901,7 @@ func (r *Router) cacheClocks() uint32 {
 }
 
 // SyncPrefixes shares this VM's prefix records with the other VMs and takes theirs
-// (see PrefixIndex), at the write clocks of this VM's view of the ledger. It runs on
+// (see prefix.PrefixIndex), at the write clocks of this VM's view of the ledger. It runs on
 // the tick.
 func (r *Router) SyncPrefixes() error {
 	err := r.syncPool(r.decode)

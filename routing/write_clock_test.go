@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/prefix"
 	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -56,19 +57,6 @@ func TestAHolderThatKeepsUsingItsCopyKeepsIt(t *testing.T) {
 	}
 }
 
-func TestPrefixTableRefreshesAClockThatMovedOn(t *testing.T) {
-	tab := newPrefixTable(64)
-	assert.True(t, tab.record(1, 7, 10, 4), "a new entry")
-	assert.False(t, tab.record(1, 7, 11, 4), "within one multiple of refresh: no news for the peers")
-	assert.True(t, tab.record(1, 7, 12, 4), "crossed a multiple of refresh")
-	assert.False(t, tab.record(1, 7, 15, 4))
-	assert.False(t, tab.record(1, 7, 100, 0), "refresh 0: clocks are never news")
-	assert.Equal(t, uint32(100), tab.find(1).clocks[0])
-	assert.True(t, tab.record(1, 8, 5, 0), "a new first target")
-	assert.Equal(t, [4]uint32{8, 7}, tab.find(1).targets)
-	assert.Equal(t, [4]uint32{5, 100}, tab.find(1).clocks, "clocks move with their targets")
-}
-
 func TestAPrefixEveryEntrySlotHoldsCountsAsHeldByAll(t *testing.T) {
 	// Six targets; a system prompt is recorded on four (as many as an entry names),
 	// each of which carries a little load. A new request with that system prompt
@@ -85,7 +73,7 @@ func TestAPrefixEveryEntrySlotHoldsCountsAsHeldByAll(t *testing.T) {
 		ts := r.DecodeTargets()
 		named := map[uint64]bool{}
 		sys := textRequest(system, 0)
-		cps, _ := HashCheckpoints(sys.Model, sys.Prompt, sys.BlockBytes, nil)
+		cps, _ := prefix.HashCheckpoints(sys.Model, sys.Prompt, sys.BlockBytes, nil)
 		for i := 0; i < holders; i++ {
 			r.decode.index.Record(cps, ts[i].ID, 0, 0)
 			_, err := r.decode.ledger.Acquire(ts[i].ID, 100, 1e6)

@@ -1,4 +1,4 @@
-package routing
+package prefix
 
 import (
 	"math/rand"

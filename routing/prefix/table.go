@@ -1,4 +1,4 @@
-package routing
+package prefix
 
 // prefixTable is a VM's own copy of a pool's prefix index: a set-associative table of
 // checkpoint entries (8 ways a set, least recently recorded evicted), each keeping the

@@ -1,4 +1,7 @@
-package routing
+// Package prefix is the prefix index: which targets recently served which prompt
+// prefixes, kept per VM in plain memory and shared between the VMs through a journal
+// in shared data.
+package prefix
 
 import (
 	"github.com/kvroute/kvroute/routing/state"
@@ -40,8 +43,8 @@ func NewPrefixIndex(s state.Store, namespace, pool string, capacityBlocks, retri
 	}
 }
 
-// prefixMatch says how many leading blocks of a prompt a target holds.
-type prefixMatch struct {
+// PrefixMatch says how many leading blocks of a prompt a target holds.
+type PrefixMatch struct {
 	Target uint32 // low 32 bits of the target id
 	Blocks int
 }
@@ -53,7 +56,7 @@ const maxMatchRounds = 4
 // Match returns the matched block count of each target that holds a prefix of the
 // prompt. known says whether a 32-bit target id is one the pool still has; others are
 // ignored. The result is valid until the next Match.
-func (x *PrefixIndex) Match(cps []Checkpoint, known func(uint32) bool) []prefixMatch {
+func (x *PrefixIndex) Match(cps []Checkpoint, known func(uint32) bool) []PrefixMatch {
 	m := x.StartMatch(cps, known)
 	for m.Next() {
 	}
@@ -83,7 +86,7 @@ type PrefixSearch struct {
 	known  func(uint32) bool
 	hi     int // search checkpoints [0, hi)
 	rounds int
-	found  []prefixMatch
+	found  []PrefixMatch
 	// known and "found already" are asked of the same few ids at every probe: their
 	// answers are kept here rather than asked through a closure each time (costly in
 	// wasm). state: 1 known, 2 known and found, -1 unknown.
@@ -98,7 +101,7 @@ type PrefixSearch struct {
 }
 
 // Found is every match found so far, deepest first.
-func (m *PrefixSearch) Found() []prefixMatch { return m.found }
+func (m *PrefixSearch) Found() []PrefixMatch { return m.found }
 
 // Done reports whether further rounds can find nothing more.
 func (m *PrefixSearch) Done() bool { return m.rounds >= maxMatchRounds || m.hi <= 0 }
@@ -205,7 +208,7 @@ func (m *PrefixSearch) Next() bool {
 	}
 	for s, t := range topEntry.targets {
 		if t != 0 && m.fresh(t) && m.live(topEntry, s) {
-			m.found = append(m.found, prefixMatch{Target: t, Blocks: m.cps[top].Pos})
+			m.found = append(m.found, PrefixMatch{Target: t, Blocks: m.cps[top].Pos})
 			m.markFound(t)
 		}
 	}
@@ -227,7 +230,7 @@ func (m *PrefixSearch) live(e *prefixEntry, s int) bool {
 // queues for the other VMs what changed (a clock moved on by at least refresh counts;
 // 0 never does).
 func (x *PrefixIndex) Record(cps []Checkpoint, target uint64, clock, refresh uint32) {
-	t32 := prefixTargetID(target)
+	t32 := PrefixTargetID(target)
 	for _, cp := range cps {
 		if x.table.record(cp.Hash, t32, clock, refresh) {
 			x.journal.queue(cp.Hash, t32)
@@ -248,9 +251,9 @@ func (x *PrefixIndex) Sync(nowMS int64, clockOf func(uint32) uint32) error {
 	})
 }
 
-// prefixTargetID is the 32-bit form of a target id that the prefix index keeps (0 is
+// PrefixTargetID is the 32-bit form of a target id that the prefix index keeps (0 is
 // reserved for an empty slot).
-func prefixTargetID(id uint64) uint32 {
+func PrefixTargetID(id uint64) uint32 {
 	if t := uint32(id); t != 0 {
 		return t
 	}

@@ -1,4 +1,4 @@
-package routing
+package prefix
 
 import (
 	"fmt"
@@ -317,7 +317,7 @@ func TestPrefixIndexIsSharedBetweenVMsOnTheTick(t *testing.T) {
 	require.NoError(t, b.Sync(1200, nil))
 	got := b.Match(cps, all)
 	require.Len(t, got, 1)
-	assert.Equal(t, prefixMatch{Target: 7, Blocks: 100}, got[0])
+	assert.Equal(t, PrefixMatch{Target: 7, Blocks: 100}, got[0])
 	// b's records flow back to a.
 	b.Record(cps, 9, 0, 0)
 	require.NoError(t, b.Sync(1300, nil))
