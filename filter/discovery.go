@@ -7,7 +7,7 @@ import (
 	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/routing"
 	"github.com/kvroute/kvroute/routing/config"
-	"github.com/kvroute/kvroute/routing/engine"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 )
 
@@ -26,7 +26,7 @@ type discoveryPoll struct {
 	pool     string // for the log: the pool, after its fleet's model when it has one
 	cfg      config.DiscoveryConfig
 	path     string
-	lease    *engine.ScrapeLease
+	lease    *state.Lease
 	last     int64 // when this VM last tried
 	inFlight bool  // a poll was sent and has not answered
 	sentAt   int64

@@ -8,6 +8,7 @@ import (
 	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/engine"
 	"github.com/kvroute/kvroute/routing/extract"
+	"github.com/kvroute/kvroute/routing/state"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
@@ -26,7 +27,7 @@ type pluginContext struct {
 	extractOpt  extract.ExtractOptions
 	promptBuf   []byte // the canonical prompt of the request being decided
 	lastScrape  int64
-	scrapeLease *engine.ScrapeLease
+	scrapeLease *state.Lease
 
 	discovery     []*discoveryPoll
 	targetChanges uint64 // the fleets' DiscoveryChanges() when the gauges last followed

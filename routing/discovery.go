@@ -10,7 +10,6 @@ import (
 	"unsafe"
 
 	"github.com/kvroute/kvroute/routing/config"
-	"github.com/kvroute/kvroute/routing/engine"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/kvroute/kvroute/routing/state"
 	"github.com/tidwall/gjson"
@@ -342,8 +341,8 @@ func NewEndpointBoard(s state.Store, namespace, pool string, d config.DiscoveryC
 // NewDiscoveryLease returns the lease that makes one VM at a time poll a pool's source:
 // the engine scrape's lease mechanism under its own key, as each pool polls on its own
 // interval.
-func NewDiscoveryLease(s state.Store, namespace, pool string, retries int) *engine.ScrapeLease {
-	return engine.NewLease(s, namespace+"/disc/"+pool+"/lease", retries)
+func NewDiscoveryLease(s state.Store, namespace, pool string, retries int) *state.Lease {
+	return state.NewLease(s, namespace+"/disc/"+pool+"/lease", retries)
 }
 
 func encodeEndpointSet(source, gen uint64, eps []DiscoveredEndpoint) []byte {

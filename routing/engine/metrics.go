@@ -15,7 +15,7 @@ import (
 )
 
 // Engine metrics (docs/behaviour.md, Engine-reported load): one VM at a time holds the
-// ScrapeLease and scrapes every endpoint's Prometheus page; ParseEngineMetrics turns a
+// scrape lease (NewScrapeLease) and scrapes every endpoint's Prometheus page; ParseEngineMetrics turns a
 // page into per-DP-rank figures; EngineBoard keeps the latest figures of every target of a
 // pool in shared data, each with the time it was taken, so every VM reads the same fleet
 // view and figures that stop being refreshed age out.
@@ -378,57 +378,8 @@ func (b *EngineBoard) ReadInto(dst map[uint64]EngineFigures, nowMS, staleMS int6
 	return nil
 }
 
-// ScrapeLease makes one VM at a time the scraper: a holder and an expiry in the
-// shared-data key <namespace>/engine/lease (a format byte, holder id (8), expiry in
-// ms (8)). The holder renews it on every try; once it has expired any VM may take it.
-// Every change is a compare-and-swap, so of several VMs racing for a free or expired
-// lease exactly one wins.
-type ScrapeLease struct {
-	store   state.Store
-	key     string
-	retries int
-}
-
-const (
-	scrapeLeaseFormat = 1
-	scrapeLeaseSize   = 17
-)
-
-// NewScrapeLease returns the engine-scrape lease of a namespace.
-func NewScrapeLease(s state.Store, namespace string, retries int) *ScrapeLease {
-	return &ScrapeLease{store: s, key: namespace + "/engine/lease", retries: retries}
-}
-
-// TryAcquire takes or renews the lease for vmID until nowMS+leaseMS and reports whether
-// vmID holds it now. It fails (false) while another VM's lease has not expired. A
-// value of an unknown format counts as a free lease. vmID must be unique per VM.
-func (l *ScrapeLease) TryAcquire(vmID uint64, nowMS, leaseMS int64) (bool, error) {
-	leaseMS = max(leaseMS, 1)
-	held := false
-	err := state.Update(l.store, l.key, l.retries, func(old []byte) ([]byte, bool) {
-		if len(old) == scrapeLeaseSize && old[0] == scrapeLeaseFormat {
-			holder := binary.LittleEndian.Uint64(old[1:])
-			expires := int64(binary.LittleEndian.Uint64(old[9:]))
-			if holder != vmID && nowMS < expires {
-				held = false
-				return nil, false
-			}
-		}
-		held = true
-		next := make([]byte, 1, scrapeLeaseSize)
-		next[0] = scrapeLeaseFormat
-		next = binary.LittleEndian.AppendUint64(next, vmID)
-		next = binary.LittleEndian.AppendUint64(next, uint64(nowMS+leaseMS))
-		return next, true
-	})
-	if err != nil {
-		return false, err
-	}
-	return held, nil
-}
-
-// NewLease returns a lease like the engine-scrape lease, held at key: the discovery
-// lease of a pool is one.
-func NewLease(s state.Store, key string, retries int) *ScrapeLease {
-	return &ScrapeLease{store: s, key: key, retries: retries}
+// NewScrapeLease returns the engine-scrape lease of a namespace, at
+// <namespace>/engine/lease: one VM at a time scrapes the engines.
+func NewScrapeLease(s state.Store, namespace string, retries int) *state.Lease {
+	return state.NewLease(s, namespace+"/engine/lease", retries)
 }
