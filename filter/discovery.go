@@ -7,6 +7,7 @@ import (
 	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/routing"
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/discovery"
 	"github.com/kvroute/kvroute/routing/state"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 )
@@ -50,7 +51,7 @@ func (p *pluginContext) initDiscovery() {
 			}
 			path := pool.d.Path
 			if pool.d.Source == config.DiscoveryEnvoyAdmin {
-				path = routing.EnvoyAdminPath(pool.d.ServiceCluster)
+				path = discovery.EnvoyAdminPath(pool.d.ServiceCluster)
 			}
 			label := pool.name
 			if f.Index >= 0 {
@@ -60,7 +61,7 @@ func (p *pluginContext) initDiscovery() {
 			// by one VM at a time.
 			p.discovery = append(p.discovery, &discoveryPoll{
 				router: f.Router, prefill: pool.prefill, pool: label, cfg: *pool.d, path: path,
-				lease: routing.NewDiscoveryLease(shareddata.Store{}, cfg.State.Namespace, pool.name, cfg.State.MaxCASRetries),
+				lease: discovery.NewDiscoveryLease(shareddata.Store{}, cfg.State.Namespace, pool.name, cfg.State.MaxCASRetries),
 				last:  -pool.d.IntervalMS,
 			})
 		}
@@ -138,8 +139,8 @@ func (p *pluginContext) onDiscovery(d *discoveryPoll, bodySize int) {
 		p.discoveryFailed(d, "answered %d", status)
 		return
 	}
-	if bodySize > routing.MaxDiscoveryBodyBytes {
-		p.discoveryFailed(d, "answer of %d bytes, more than %d", bodySize, routing.MaxDiscoveryBodyBytes)
+	if bodySize > discovery.MaxDiscoveryBodyBytes {
+		p.discoveryFailed(d, "answer of %d bytes, more than %d", bodySize, discovery.MaxDiscoveryBodyBytes)
 		return
 	}
 	var body []byte
@@ -150,12 +151,12 @@ func (p *pluginContext) onDiscovery(d *discoveryPoll, bodySize int) {
 			return
 		}
 	}
-	var eps []routing.DiscoveredEndpoint
+	var eps []discovery.DiscoveredEndpoint
 	var err error
 	if d.cfg.Source == config.DiscoveryEnvoyAdmin {
-		eps, err = routing.ParseEnvoyAdminClusters(body, d.cfg.ServiceCluster)
+		eps, err = discovery.ParseEnvoyAdminClusters(body, d.cfg.ServiceCluster)
 	} else {
-		eps, err = routing.ParseEndpointList(body)
+		eps, err = discovery.ParseEndpointList(body)
 	}
 	if err != nil {
 		p.discoveryFailed(d, "%v", err)

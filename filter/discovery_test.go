@@ -10,6 +10,7 @@ import (
 	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/routing"
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/discovery"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
@@ -165,7 +166,7 @@ func TestDiscoveryFollowsTheFleet(t *testing.T) {
 		first := h.polls()
 		require.Len(t, first, 1)
 		assert.Equal(t, "GET", headerOf(first[0].Headers, ":method"))
-		assert.Equal(t, routing.EnvoyAdminPath(vllmCluster), headerOf(first[0].Headers, ":path"))
+		assert.Equal(t, discovery.EnvoyAdminPath(vllmCluster), headerOf(first[0].Headers, ":path"))
 		h.CallOnHttpCallResponse(first[0].CalloutID, [][2]string{{":status", "200"}}, nil,
 			adminAnswer(healthyHosts("10.0.0.1", "10.0.0.2")...))
 		assert.Equal(t, []string{"10.0.0.1:8000", "10.0.0.2:8000"}, keys(h.spread(6, "a")))
@@ -345,7 +346,7 @@ func TestDiscoveryLeaseOneVMPolls(t *testing.T) {
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startDiscovery(t, vm, adminDiscovery, "prometheus_stats")
 		store := shareddata.Store{} // the emulator's shared data, as the plugin's
-		lease := routing.NewDiscoveryLease(store, "kvroute", "decode", 8)
+		lease := discovery.NewDiscoveryLease(store, "kvroute", "decode", 8)
 		const otherVM = 2 // this VM's id is odd and random; the Go plugin's is 1
 		held, err := lease.TryAcquire(otherVM, 0, 4e12)
 		require.NoError(t, err)
@@ -358,8 +359,8 @@ func TestDiscoveryLeaseOneVMPolls(t *testing.T) {
 
 		cfg, err := config.ParseConfig([]byte(adminDiscovery))
 		require.NoError(t, err)
-		board := routing.NewEndpointBoard(store, "kvroute", "decode", *cfg.Pools.Decode.Discovery, 8)
-		_, err = board.Publish([]routing.DiscoveredEndpoint{{Address: "10.0.0.8:8000"}})
+		board := discovery.NewEndpointBoard(store, "kvroute", "decode", *cfg.Pools.Decode.Discovery, 8)
+		_, err = board.Publish([]discovery.DiscoveredEndpoint{{Address: "10.0.0.8:8000"}})
 		require.NoError(t, err)
 		dest, _, _ := h.route(post("/v1/chat/completions", chat("from the other VM's poll")))
 		assert.Equal(t, "10.0.0.8:8000", dest, "applied at the next decision, no tick needed")

@@ -2,13 +2,14 @@ package routing
 
 import (
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/discovery"
 	"github.com/kvroute/kvroute/routing/state"
 )
 
 // poolDiscovery is what a Router keeps of a discovered pool: the board it reads, the
 // generation it last applied, and the endpoints it applied.
 type poolDiscovery struct {
-	board   *EndpointBoard
+	board   *discovery.EndpointBoard
 	dpSize  int    // discovery.dp_size: for endpoints that name none
 	applied uint64 // generation of the set in use; 0: the static endpoints
 	eps     []config.Endpoint
@@ -17,7 +18,7 @@ type poolDiscovery struct {
 
 func newPoolDiscovery(store state.Store, ns, pool string, p config.Pool, retries int) *poolDiscovery {
 	return &poolDiscovery{
-		board:  NewEndpointBoard(store, ns, pool, *p.Discovery, retries),
+		board:  discovery.NewEndpointBoard(store, ns, pool, *p.Discovery, retries),
 		dpSize: p.Discovery.DPSize,
 		eps:    p.Endpoints,
 	}
@@ -56,7 +57,7 @@ func (r *Router) applyDiscovered() bool {
 }
 
 // endpoints turns a discovered set into the pool's endpoints.
-func (d *poolDiscovery) endpoints(eps []DiscoveredEndpoint) []config.Endpoint {
+func (d *poolDiscovery) endpoints(eps []discovery.DiscoveredEndpoint) []config.Endpoint {
 	out := make([]config.Endpoint, len(eps))
 	for i, e := range eps {
 		dp := e.DPSize
@@ -75,7 +76,7 @@ func (r *Router) RefreshDiscovered() bool { return r.applyDiscovered() }
 
 // PublishDiscovered stores a good poll of a pool's source for every VM, and applies it
 // here at once. A pool without discovery ignores it.
-func (r *Router) PublishDiscovered(prefill bool, eps []DiscoveredEndpoint) error {
+func (r *Router) PublishDiscovered(prefill bool, eps []discovery.DiscoveredEndpoint) error {
 	ps := r.decode
 	if prefill {
 		ps = r.prefill

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/discovery"
 	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
@@ -59,7 +60,7 @@ func TestFleetsUnknownModel(t *testing.T) {
 	cfg := fleetsConfig(t, `{"pools":{"decode":{"discovery":{"source":"http","cluster":"c","path":"/eps"}}},"models":[`+two+`]}`)
 	f = NewFleets(cfg, store, clock.now)
 	assert.Nil(t, f.Pick("b"))
-	require.NoError(t, f.Default.Router.PublishDiscovered(false, []DiscoveredEndpoint{{Address: "10.0.9.9:8000"}}))
+	require.NoError(t, f.Default.Router.PublishDiscovered(false, []discovery.DiscoveredEndpoint{{Address: "10.0.9.9:8000"}}))
 	other := NewFleets(cfg, store, clock.now) // another VM sees the published set
 	assert.Same(t, other.Default, other.Pick("b"))
 	assert.Equal(t, "10.0.9.9:8000", other.Default.Router.Decide(&extract.Request{Tokens: 1}, NoRank).Target.Address)

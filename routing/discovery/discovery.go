@@ -1,4 +1,4 @@
-package routing
+package discovery
 
 import (
 	"encoding/binary"
