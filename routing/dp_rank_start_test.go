@@ -75,7 +75,7 @@ func TestTrustedRankIsReadInTheHeadersNumbering(t *testing.T) {
 }
 
 func TestTrustedRankWithoutStateUsesTheHeadersNumbering(t *testing.T) {
-	r := NewRouter(dpStartConfig(t, dpStartPools), failingStore{getErr: errors.New("host: internal failure")}, (&fakeClock{ms: 1e6}).now)
+	r := NewRouter(dpStartConfig(t, dpStartPools), state.FailingStore{GetErr: errors.New("host: internal failure")}, (&fakeClock{ms: 1e6}).now)
 	for i := 0; i < 20; i++ {
 		d := r.Decide(&extract.Request{Tokens: 10, Identity: uint64(i)}, 3)
 		require.Equal(t, KindFallback, d.Kind)

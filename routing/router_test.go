@@ -94,30 +94,10 @@ func TestMappingToRemovedTargetCountsAsAbsent(t *testing.T) {
 	}
 }
 
-// failingStore fails every operation the way a broken host would.
-type failingStore struct {
-	getErr, setErr error
-	inner          state.Store
-}
-
-func (f failingStore) Get(k string) ([]byte, uint32, error) {
-	if f.getErr != nil {
-		return nil, 0, f.getErr
-	}
-	return f.inner.Get(k)
-}
-
-func (f failingStore) Set(k string, v []byte, cas uint32) error {
-	if f.setErr != nil {
-		return f.setErr
-	}
-	return f.inner.Set(k, v, cas)
-}
-
 func TestStateFailureFallsBackWithoutState(t *testing.T) {
 	for name, store := range map[string]state.Store{
-		"cas conflicts on every try": failingStore{setErr: state.ErrCASMismatch, inner: state.NewMemoryStore()},
-		"host error on get":          failingStore{getErr: errors.New("host: internal failure")},
+		"cas conflicts on every try": state.FailingStore{SetErr: state.ErrCASMismatch, Inner: state.NewMemoryStore()},
+		"host error on get":          state.FailingStore{GetErr: errors.New("host: internal failure")},
 	} {
 		t.Run(name, func(t *testing.T) {
 			clock := &fakeClock{ms: 1e6}

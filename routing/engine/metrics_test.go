@@ -269,36 +269,15 @@ func TestEngineBoardUnknownFormatStartsAfresh(t *testing.T) {
 	}
 }
 
-// brokenStore fails every Get and/or Set with a host error, or every Set with a CAS
-// mismatch (another VM always wins).
-type brokenStore struct {
-	*state.MemoryStore
-	getErr, setErr error
-}
-
-func (s brokenStore) Get(key string) ([]byte, uint32, error) {
-	if s.getErr != nil {
-		return nil, 0, s.getErr
-	}
-	return s.MemoryStore.Get(key)
-}
-
-func (s brokenStore) Set(key string, v []byte, cas uint32) error {
-	if s.setErr != nil {
-		return s.setErr
-	}
-	return s.MemoryStore.Set(key, v, cas)
-}
-
 func TestEngineBoardStoreErrors(t *testing.T) {
 	ms := state.NewMemoryStore()
 	require.NoError(t, NewEngineBoard(ms, "kvroute", "decode", 5000, 2).Publish(1, map[uint64]EngineFigures{1: {Running: 1}}))
 	hostDown := errors.New("host down")
-	b := NewEngineBoard(brokenStore{MemoryStore: ms, getErr: hostDown}, "kvroute", "decode", 5000, 2)
+	b := NewEngineBoard(state.FailingStore{Inner: ms, GetErr: hostDown}, "kvroute", "decode", 5000, 2)
 	_, err := b.Read(1, 5000)
 	require.ErrorIs(t, err, hostDown)
 	require.ErrorIs(t, b.Publish(2, map[uint64]EngineFigures{1: {Running: 2}}), hostDown)
-	b = NewEngineBoard(brokenStore{MemoryStore: ms, setErr: state.ErrCASMismatch}, "kvroute", "decode", 5000, 2)
+	b = NewEngineBoard(state.FailingStore{Inner: ms, SetErr: state.ErrCASMismatch}, "kvroute", "decode", 5000, 2)
 	require.ErrorIs(t, b.Publish(2, map[uint64]EngineFigures{1: {Running: 2}}), state.ErrStateConflict)
 	got, err := b.Read(2, 5000)
 	require.NoError(t, err)

@@ -10,27 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// failingStore fails every Get and/or Set with a host error, or every Set with a CAS
-// mismatch (another VM always wins).
-type failingStore struct {
-	*MemoryStore
-	getErr, setErr error
-}
-
-func (s failingStore) Get(key string) ([]byte, uint32, error) {
-	if s.getErr != nil {
-		return nil, 0, s.getErr
-	}
-	return s.MemoryStore.Get(key)
-}
-
-func (s failingStore) Set(key string, v []byte, cas uint32) error {
-	if s.setErr != nil {
-		return s.setErr
-	}
-	return s.MemoryStore.Set(key, v, cas)
-}
-
 func TestLeaseHolderRenewalExpiry(t *testing.T) {
 	s := NewMemoryStore()
 	l := NewLease(s, "ns/engine/lease", 8)
@@ -84,10 +63,10 @@ func TestLeaseUnknownFormatIsFree(t *testing.T) {
 
 func TestLeaseStoreErrors(t *testing.T) {
 	hostDown := errors.New("host down")
-	for _, bs := range []failingStore{
-		{MemoryStore: NewMemoryStore(), getErr: hostDown},
-		{MemoryStore: NewMemoryStore(), setErr: hostDown},
-		{MemoryStore: NewMemoryStore(), setErr: ErrCASMismatch},
+	for _, bs := range []FailingStore{
+		{Inner: NewMemoryStore(), GetErr: hostDown},
+		{Inner: NewMemoryStore(), SetErr: hostDown},
+		{Inner: NewMemoryStore(), SetErr: ErrCASMismatch},
 	} {
 		ok, err := NewLease(bs, "kvroute/engine/lease", 2).TryAcquire(1, 0, 1000)
 		require.Error(t, err)

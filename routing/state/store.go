@@ -118,3 +118,27 @@ func (m *MemoryStore) Keys() []string {
 	}
 	return keys
 }
+
+// FailingStore is a Store that fails the way a broken host does: every Get with GetErr
+// and every Set with SetErr when they are set (ErrCASMismatch as SetErr: another VM
+// always wins); otherwise it passes through to Inner. Tests of every fail-open path use it.
+type FailingStore struct {
+	Inner          Store // the store reached when no error is set; nil only if never reached
+	GetErr, SetErr error // returned by every Get / Set when non-nil
+}
+
+// Get implements Store.
+func (s FailingStore) Get(key string) ([]byte, uint32, error) {
+	if s.GetErr != nil {
+		return nil, 0, s.GetErr
+	}
+	return s.Inner.Get(key)
+}
+
+// Set implements Store.
+func (s FailingStore) Set(key string, value []byte, cas uint32) error {
+	if s.SetErr != nil {
+		return s.SetErr
+	}
+	return s.Inner.Set(key, value, cas)
+}
