@@ -323,3 +323,16 @@ func TestPluginDoneWritesTheBatch(t *testing.T) {
 		assert.Equal(t, uint64(5), routed)
 	})
 }
+
+// One decision in decisionTimeEvery is timed, the first of each run of them: the
+// histogram's record is a host call the other decisions are spared.
+func TestDecisionTimeIsSampled(t *testing.T) {
+	var m metrics
+	var timed []int
+	for i := 1; i <= 3*decisionTimeEvery; i++ {
+		if m.timeDecision() {
+			timed = append(timed, i)
+		}
+	}
+	assert.Equal(t, []int{1, 1 + decisionTimeEvery, 1 + 2*decisionTimeEvery}, timed)
+}

@@ -2,10 +2,16 @@
 
 package main
 
-import "github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+import (
+	"time"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+)
 
 // The native build (the Go plugin in the SDK's emulator) reads through the SDK; the
 // wasm build reads the host directly (hostreads_wasm.go). Both give the same values.
+
+func wallClockMS() int64 { return time.Now().UnixMilli() }
 
 func requestHeaders() headerPairs {
 	hs, _ := proxywasm.GetHttpRequestHeaders()

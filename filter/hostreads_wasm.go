@@ -4,6 +4,7 @@ package main
 
 import (
 	"encoding/binary"
+	"time"
 	"unsafe"
 )
 
@@ -21,6 +22,9 @@ func hostGetHeaderMapValue(mapType int32, keyData *byte, keySize int32, returnDa
 
 //go:wasmimport env proxy_get_buffer_bytes
 func hostGetBufferBytes(bufferType int32, start int32, maxSize int32, returnData unsafe.Pointer, returnSize *int32) int32
+
+//go:wasmimport wasi_snapshot_preview1 clock_time_get
+func hostClockTimeGet(clockID uint32, precision uint64, time *uint64) uint32
 
 const (
 	mapRequestHeaders  = 0
@@ -41,6 +45,17 @@ func hostBytes() []byte {
 		return nil
 	}
 	return unsafe.Slice(hostData, hostSize)
+}
+
+// wallClockMS reads the host's realtime clock with one call: time.Now reads the
+// monotonic clock as well, and the router asks the time on every request.
+func wallClockMS() int64 {
+	const realtime, millisecond = 0, 1_000_000
+	var ns uint64
+	if hostClockTimeGet(realtime, millisecond, &ns) != 0 {
+		return time.Now().UnixMilli()
+	}
+	return int64(ns / millisecond)
 }
 
 // requestHeaders returns the request's headers, read with one host call.

@@ -180,10 +180,12 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 	p := c.plugin
 	cfg := &p.cfg
 	c.phase = phaseDecided
-	started := time.Since(monotonicBase) // one clock read, where time.Now makes two
-	defer func() {
-		p.metrics.decisionTime.Record(uint64((time.Since(monotonicBase) - started).Microseconds()))
-	}()
+	if p.metrics.timeDecision() {
+		started := time.Since(monotonicBase) // one clock read, where time.Now makes two
+		defer func() {
+			p.metrics.decisionTime.Record(uint64((time.Since(monotonicBase) - started).Microseconds()))
+		}()
+	}
 	if body != nil {
 		// The VM decides one request at a time: one prompt buffer serves them all.
 		c.req.Prompt = p.promptBuf[:0]

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"time"
-
 	"github.com/kvroute/kvroute/internal/shareddata"
 	"github.com/kvroute/kvroute/routing"
 	"github.com/kvroute/kvroute/routing/config"
@@ -37,7 +35,7 @@ type pluginContext struct {
 }
 
 // nowMS is the clock of the filter; Envoy serves it through WASI's clock.
-var nowMS = func() int64 { return time.Now().UnixMilli() }
+var nowMS = wallClockMS
 
 // tickPeriodMS is how often each VM shares its prefix records with the other VMs
 // (and, less often, sweeps expired load).
