@@ -8,7 +8,6 @@ package jsonscan
 
 import (
 	"math/bits"
-	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 
@@ -43,9 +42,9 @@ func MemberAt(s string, i int) (key string, v, end int) {
 	if i >= len(s) || s[i] != '"' {
 		return "", -1, min(i+1, len(s))
 	}
-	e := stringEnd(s, i)
+	e, escaped := stringEnd(s, i)
 	key = s[i+1 : max(e-1, i+1)]
-	if strings.IndexByte(key, '\\') >= 0 {
+	if escaped {
 		key = gjson.Parse(s[i:e]).Str // rare: an escaped key
 	}
 	i = SkipSpace(s, e)
@@ -80,13 +79,15 @@ func ValueEnd(s string, i int) int {
 	}
 	switch s[i] {
 	case '"':
-		return stringEnd(s, i)
+		e, _ := stringEnd(s, i)
+		return e
 	case '{', '[':
 		depth := 0
 		for ; i < len(s); i++ {
 			switch s[i] {
 			case '"':
-				i = stringEnd(s, i) - 1
+				e, _ := stringEnd(s, i)
+				i = e - 1
 			case '{', '[':
 				depth++
 			case '}', ']':
@@ -105,24 +106,21 @@ func ValueEnd(s string, i int) int {
 }
 
 // stringEnd returns the index just past the closing quote of the string that starts
-// at s[i] == '"', or len(s) if it is not closed. It looks for quotes only (one byte
-// is the fastest search in wasm) and counts the backslashes before each.
-func stringEnd(s string, i int) int {
-	for j := i + 1; j < len(s); j++ {
-		q := strings.IndexByte(s[j:], '"')
-		if q < 0 {
+// at s[i] == '"', or len(s) if it is not closed, and whether the string holds an
+// escape. A backslash escapes the byte after it, so a quote closes the string exactly
+// when an even number of backslashes precede it.
+func stringEnd(s string, i int) (end int, escaped bool) {
+	for j := i + 1; j < len(s); j += 2 { // past the backslash and the byte it escapes
+		j = quoteOrEscape(s, j)
+		if j >= len(s) {
 			break
 		}
-		j += q
-		bs := 0 // backslashes just before the quote
-		for k := j - 1; k > i && s[k] == '\\'; k-- {
-			bs++
+		if s[j] == '"' {
+			return j + 1, escaped
 		}
-		if bs%2 == 0 {
-			return j + 1
-		}
+		escaped = true
 	}
-	return len(s)
+	return len(s), escaped
 }
 
 // AppendString appends the unescaped text of the JSON string that starts at
@@ -201,13 +199,26 @@ func hex4(s string) (rune, bool) {
 
 // quoteOrEscape returns the index of the first '"' or '\\' in s at or after i, or
 // len(s). It looks at eight bytes a step (SWAR): in wasm, where strings.IndexByte is a
-// byte loop, the string bytes of a prompt are most of the work of reading a body.
+// byte loop behind a call, the string bytes of a prompt are most of the work of reading
+// a body.
 func quoteOrEscape(s string, i int) int {
-	// Four words a step: in Go's wasm every loop iteration goes back through the
-	// function's block dispatcher, which costs more than testing a word.
-	for ; i+32 <= len(s); i += 32 {
-		if quoteOrEscapeMask(load64(s, i))|quoteOrEscapeMask(load64(s, i+8))|
-			quoteOrEscapeMask(load64(s, i+16))|quoteOrEscapeMask(load64(s, i+24)) != 0 {
+	// The first two words alone: most strings of a body besides the prompt are keys
+	// and short values, which end within them.
+	for n := 0; n < 2 && i+8 <= len(s); n++ {
+		if m := quoteOrEscapeMask(load64(s, i)); m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+		i += 8
+	}
+	// Then eight words a step: in Go's wasm every loop iteration goes back through the
+	// function's block dispatcher, which costs more than testing a word. Slicing the
+	// step's 64 bytes once leaves the loads without bounds checks.
+	for ; i+64 <= len(s); i += 64 {
+		w := s[i : i+64]
+		if quoteOrEscapeMask(load64(w, 0))|quoteOrEscapeMask(load64(w, 8))|
+			quoteOrEscapeMask(load64(w, 16))|quoteOrEscapeMask(load64(w, 24))|
+			quoteOrEscapeMask(load64(w, 32))|quoteOrEscapeMask(load64(w, 40))|
+			quoteOrEscapeMask(load64(w, 48))|quoteOrEscapeMask(load64(w, 56)) != 0 {
 			break // the word loop below finds which byte
 		}
 	}

@@ -48,9 +48,21 @@ func FuzzScan(f *testing.F) {
 			if s[i] == '"' {
 				// ShapeOK may jump over a string a walk decoded: both must agree on
 				// where every string ends.
-				if _, end := AppendString(nil, s, i); end != stringEnd(s, i) {
-					t.Fatalf("AppendString(%q, %d) ends at %d, stringEnd at %d", s, i, end, stringEnd(s, i))
+				_, end := AppendString(nil, s, i)
+				e, escaped := stringEnd(s, i)
+				if end != e {
+					t.Fatalf("AppendString(%q, %d) ends at %d, stringEnd at %d", s, i, end, e)
 				}
+				if want := strings.IndexByte(s[i:e], '\\') >= 0; escaped != want {
+					t.Fatalf("stringEnd(%q, %d) says escaped %v", s, i, escaped)
+				}
+			}
+			want := len(s)
+			if k := strings.IndexAny(s[i:], `"\`); k >= 0 {
+				want = i + k
+			}
+			if got := quoteOrEscape(s, i); got != want {
+				t.Fatalf("quoteOrEscape(%q, %d) = %d, want %d", s, i, got, want)
 			}
 		}
 		_ = ShapeOK(s, nil)
@@ -64,3 +76,4 @@ func FuzzScan(f *testing.F) {
 		}
 	})
 }
+

@@ -36,7 +36,7 @@ func ShapeOK(body string, skip *Spans) bool {
 				}
 			}
 			if e < 0 {
-				e = stringEnd(body, i)
+				e, _ = stringEnd(body, i)
 			}
 			if e > len(body) || body[e-1] != '"' || e-1 == i {
 				return false // not closed
