@@ -110,6 +110,14 @@ func ValueEnd(s string, i int) int {
 // escape. A backslash escapes the byte after it, so a quote closes the string exactly
 // when an even number of backslashes precede it.
 func stringEnd(s string, i int) (end int, escaped bool) {
+	// Keys and short values end in their first word: found here, without a call.
+	if j := i + 1; j+8 <= len(s) {
+		if m := quoteOrEscapeMask(load64(s, j)); m != 0 {
+			if q := j + bits.TrailingZeros64(m)>>3; s[q] == '"' {
+				return q + 1, false
+			}
+		}
+	}
 	for j := i + 1; j < len(s); j += 2 { // past the backslash and the byte it escapes
 		j = quoteOrEscape(s, j)
 		if j >= len(s) {

@@ -76,4 +76,3 @@ func FuzzScan(f *testing.F) {
 		}
 	})
 }
-

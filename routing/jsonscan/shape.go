@@ -1,5 +1,7 @@
 package jsonscan
 
+import "math/bits"
+
 // MaxDepth bounds the nesting a body may have: ShapeOK refuses deeper ones.
 const MaxDepth = 256
 
@@ -36,7 +38,18 @@ func ShapeOK(body string, skip *Spans) bool {
 				}
 			}
 			if e < 0 {
-				e, _ = stringEnd(body, i)
+				// Most strings left to check are keys and short values: looking at
+				// their first word here costs less than the call, when they end in it.
+				if j := i + 1; j+8 <= len(body) {
+					if m := quoteOrEscapeMask(load64(body, j)); m != 0 {
+						if q := j + bits.TrailingZeros64(m)>>3; body[q] == '"' {
+							e = q + 1
+						}
+					}
+				}
+				if e < 0 {
+					e, _ = stringEnd(body, i)
+				}
 			}
 			if e > len(body) || body[e-1] != '"' || e-1 == i {
 				return false // not closed
