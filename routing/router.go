@@ -168,7 +168,8 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	}
 	rankOK := func(t *Target) bool { return rank == NoRank || t.Rank == rank }
 	for i := range ts {
-		if rankOK(&ts[i]) && !ejected[p.endpointFP[ts[i].Endpoint]] {
+		// Looking into a map is a call even when it is nil, as it is but after an ejection.
+		if rankOK(&ts[i]) && (ejected == nil || !ejected[p.endpointFP[ts[i].Endpoint]]) {
 			v.eligible = append(v.eligible, i)
 		}
 	}
