@@ -36,8 +36,9 @@ const (
 // The out-parameters live outside the stack so the calls allocate nothing: a VM runs
 // one callback at a time.
 var (
-	hostData *byte
-	hostSize int32
+	hostData  *byte
+	hostSize  int32
+	hostClock uint64
 )
 
 func hostBytes() []byte {
@@ -51,11 +52,10 @@ func hostBytes() []byte {
 // monotonic clock as well, and the router asks the time on every request.
 func wallClockMS() int64 {
 	const realtime, millisecond = 0, 1_000_000
-	var ns uint64
-	if hostClockTimeGet(realtime, millisecond, &ns) != 0 {
+	if hostClockTimeGet(realtime, millisecond, &hostClock) != 0 {
 		return time.Now().UnixMilli()
 	}
-	return int64(ns / millisecond)
+	return int64(hostClock / millisecond)
 }
 
 // requestHeaders returns the request's headers, read with one host call.
