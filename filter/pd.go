@@ -41,7 +41,8 @@ var pdModes = map[string]pdMode{
 // pdMode returns the disaggregation mode of the request's fleet; nil when it is off
 // or no fleet was chosen (the request was not routed).
 func (c *httpContext) pdMode() pdMode {
-	if c.fleet == nil {
+	// Off, the usual case, is told without the map: a lookup is a call in wasm.
+	if c.fleet == nil || c.fleet.Config.Disaggregation.Mode == config.ModeOff {
 		return nil
 	}
 	return pdModes[c.fleet.Config.Disaggregation.Mode]
