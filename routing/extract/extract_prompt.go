@@ -46,9 +46,28 @@ func (w *promptWriter) newLine() {
 func (w *promptWriter) roleLine(role string) {
 	w.newLine()
 	if jsonscan.IsString(role) {
-		w.buf, _ = jsonscan.AppendString(w.buf, role, 0)
+		if text, ok := plainShortString(role); ok {
+			w.buf = append(w.buf, text...) // the usual role: no call to decode it
+		} else {
+			w.buf, _ = jsonscan.AppendString(w.buf, role, 0)
+		}
 	}
 	w.buf = append(w.buf, ':')
+}
+
+// plainShortString returns the text of the raw JSON string raw when it is closed, at
+// most 16 bytes long and holds no escape: its text is then its bytes.
+func plainShortString(raw string) (string, bool) {
+	if len(raw) < 2 || len(raw) > 18 || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	text := raw[1 : len(raw)-1]
+	for i := 0; i < len(text); i++ {
+		if text[i] == '\\' || text[i] == '"' {
+			return "", false
+		}
+	}
+	return text, true
 }
 
 // appendRaw appends raw JSON, which is hashed but is not text.

@@ -87,6 +87,11 @@ func TestExtractShapes(t *testing.T) {
 		body:   `{"messages":[{"role":"user","content":"a\n\"b\"\u00e9 你好"}]}`,
 		prompt: "user:a\n\"b\"é 你好", tokens: (5 + 5 + 2 + 1 + 6) / 4, blockBytes: 64,
 	}, {
+		name:   "chat roles: escaped, quoted, longer than a word",
+		api:    APIChatCompletions,
+		body:   `{"messages":[{"role":"us\u0065r","content":"x"},{"role":"a\"b","content":"y"},{"role":"a-role-longer-than-16","content":"z"}]}`,
+		prompt: "user:x\na\"b:y\na-role-longer-than-16:z", tokens: 36 / 4, blockBytes: 64,
+	}, {
 		name:   "chat missing role and content",
 		api:    APIChatCompletions,
 		body:   `{"messages":[{"content":"x"},{"role":"user"}]}`,
