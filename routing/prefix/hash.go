@@ -79,21 +79,47 @@ const (
 
 // hashStripes is HashCheckpoints for blocks of a whole number of stripes: the same
 // values as xxhash.Digest seeded with seed, summed at each checkpoint.
+//
+// In wasm a jump between basic blocks goes through the function's dispatcher and
+// moves every live local, so the loops are shaped for few jumps and few live values:
+// the checkpoints' positions are listed first, then one pass hashes up to each.
 func hashStripes(seed uint64, prompt []byte, blockBytes, n int, dst []Checkpoint) []Checkpoint {
+	// The grid points below n, then n (missing only if n is beyond any prompt that
+	// fits in memory).
+	dst = dst[:0]
+	for _, k := range &checkpointGrid {
+		if k >= n {
+			dst = append(dst, Checkpoint{Pos: n})
+			break
+		}
+		dst = append(dst, Checkpoint{Pos: k})
+	}
 	v1, v2, v3, v4 := seed+xxPrime1+xxPrime2, seed+xxPrime2, seed, seed-xxPrime1
 	p := 0
-	for _, k := range checkpointGrid {
-		if k > n {
-			k = n
+	for i := range dst {
+		b := prompt[:dst[i].Pos*blockBytes]
+		// Two stripes a pass, stopping after either: a checkpoint is a whole number of
+		// stripes past the last one, at least one.
+		for {
+			w := b[p : p+xxStripe : p+xxStripe]
+			v1 = xxRound(v1, binary.LittleEndian.Uint64(w[0:8]))
+			v2 = xxRound(v2, binary.LittleEndian.Uint64(w[8:16]))
+			v3 = xxRound(v3, binary.LittleEndian.Uint64(w[16:24]))
+			v4 = xxRound(v4, binary.LittleEndian.Uint64(w[24:32]))
+			p += xxStripe
+			if p == len(b) {
+				break
+			}
+			w = b[p : p+xxStripe : p+xxStripe]
+			v1 = xxRound(v1, binary.LittleEndian.Uint64(w[0:8]))
+			v2 = xxRound(v2, binary.LittleEndian.Uint64(w[8:16]))
+			v3 = xxRound(v3, binary.LittleEndian.Uint64(w[16:24]))
+			v4 = xxRound(v4, binary.LittleEndian.Uint64(w[24:32]))
+			p += xxStripe
+			if p == len(b) {
+				break
+			}
 		}
-		end := k * blockBytes
-		for b := prompt[p:end]; len(b) >= xxStripe; b = b[xxStripe:] {
-			v1 = xxRound(v1, binary.LittleEndian.Uint64(b[0:8:len(b)]))
-			v2 = xxRound(v2, binary.LittleEndian.Uint64(b[8:16:len(b)]))
-			v3 = xxRound(v3, binary.LittleEndian.Uint64(b[16:24:len(b)]))
-			v4 = xxRound(v4, binary.LittleEndian.Uint64(b[24:32:len(b)]))
-		}
-		p = end
 		h := bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
 		h = xxMerge(h, v1)
 		h = xxMerge(h, v2)
@@ -105,19 +131,19 @@ func hashStripes(seed uint64, prompt []byte, blockBytes, n int, dst []Checkpoint
 		h ^= h >> 29
 		h *= xxPrime3
 		h ^= h >> 32
-		dst = append(dst, Checkpoint{Pos: k, Hash: h})
-		if k == n {
-			return dst
-		}
+		dst[i].Hash = h
 	}
-	return dst // n is beyond any prompt that fits in memory
+	return dst
 }
 
-// checkpointGrid is every grid point in order, up to 2^40 blocks, so the hash loop
-// walks a table instead of computing the next point (a call a checkpoint in wasm).
-var checkpointGrid = func() (g []int) {
-	for k := nextCheckpoint(0); k <= 1<<40; k = nextCheckpoint(k) {
-		g = append(g, k)
+// checkpointGrid is every grid point in order, up to 2^40 blocks (16 up to 16, then 8
+// an octave), so the hash loop walks a table instead of computing the next point (a
+// call a checkpoint in wasm).
+var checkpointGrid = func() (g [16 + 8*(40-4)]int) {
+	k := 0
+	for i := range g {
+		k = nextCheckpoint(k)
+		g[i] = k
 	}
 	return g
 }()

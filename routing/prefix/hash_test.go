@@ -26,3 +26,41 @@ func TestHashStripesMatchesXXHashDigest(t *testing.T) {
 		}
 	}
 }
+
+// Every prompt length, so that each checkpoint ends after an odd and an even number of
+// stripes, and the last full block is on the grid or not.
+func TestHashStripesMatchesXXHashDigestAtEveryLength(t *testing.T) {
+	rng := rand.New(rand.NewSource(4))
+	for _, blockBytes := range []int{32, 64, 96} {
+		prompt := make([]byte, 40*blockBytes)
+		rng.Read(prompt)
+		for l := 0; l <= len(prompt); l++ {
+			got, n := HashCheckpoints("m", prompt[:l], blockBytes, nil)
+			require.Equal(t, l/blockBytes, n)
+			d := xxhash.NewWithSeed(xxhash.Sum64String("m"))
+			var want []Checkpoint
+			for k := 1; k <= n; k++ {
+				_, _ = d.Write(prompt[(k-1)*blockBytes : k*blockBytes])
+				if isCheckpoint(k) || k == n {
+					want = append(want, Checkpoint{Pos: k, Hash: d.Sum64()})
+				}
+			}
+			require.Equal(t, want, got, "block %d B, %d bytes", blockBytes, l)
+		}
+	}
+}
+
+func TestCheckpointGridIsEveryGridPoint(t *testing.T) {
+	var want []int
+	for k := 1; k <= 1<<12; k++ {
+		if isCheckpoint(k) {
+			want = append(want, k)
+		}
+	}
+	require.Equal(t, want, checkpointGrid[:len(want)])
+	for i, k := range checkpointGrid {
+		require.True(t, isCheckpoint(k), k)
+		require.True(t, i == 0 || k > checkpointGrid[i-1], k)
+	}
+	require.Equal(t, 1<<40, checkpointGrid[len(checkpointGrid)-1])
+}
