@@ -231,10 +231,8 @@ func (m *PrefixSearch) live(e *prefixEntry, s int) bool {
 // 0 never does).
 func (x *PrefixIndex) Record(cps []Checkpoint, target uint64, clock, refresh uint32) {
 	t32 := PrefixTargetID(target)
-	for _, cp := range cps {
-		if x.table.record(cp.Hash, t32, clock, refresh) {
-			x.journal.queue(cp.Hash, t32)
-		}
+	for _, hash := range x.table.record(cps, t32, clock, refresh) {
+		x.journal.queue(hash, t32)
 	}
 }
 
@@ -247,7 +245,7 @@ func (x *PrefixIndex) Sync(nowMS int64, clockOf func(uint32) uint32) error {
 		if clockOf != nil {
 			c = clockOf(t32)
 		}
-		x.table.record(hash, t32, c, 0)
+		x.table.record([]Checkpoint{{Hash: hash}}, t32, c, 0)
 	})
 }
 

@@ -8,7 +8,8 @@ package prefix
 type prefixTable struct {
 	sets    uint64
 	entries []prefixEntry
-	clock   uint32 // advances on every write; an entry's stamp is its last write
+	clock   uint32   // advances on every write; an entry's stamp is its last write
+	news    []uint64 // record's result, reused
 }
 
 const (
@@ -58,33 +59,66 @@ func (t *prefixTable) find(hash uint64) *prefixEntry {
 	return nil
 }
 
-// record makes target the most recent holder of hash, at its write clock. It reports
-// whether that changed anything a peer would need to hear about (a new entry, a new
-// first target, or a clock that crossed a multiple of refresh); a repeat otherwise
-// only refreshes the entry's recency and clock.
-func (t *prefixTable) record(hash uint64, target, clock, refresh uint32) (changed bool) {
+// record makes target the most recent holder of each checkpoint's hash, in order, at
+// its write clock. It returns the hashes whose record changed something a peer would
+// need to hear about (a new entry, a new first target, or a clock that crossed a
+// multiple of refresh), valid until the next record; a repeat otherwise only
+// refreshes the entry's recency and clock.
+//
+// A prompt's checkpoints go in one call: in wasm a call costs more than a
+// checkpoint's record.
+func (t *prefixTable) record(cps []Checkpoint, target, clock, refresh uint32) []uint64 {
 	if t.entries == nil {
 		t.entries = make([]prefixEntry, t.sets*prefixWays)
 	}
-	t.clock++
-	if t.clock == 0 { // wrapped: stamps restart, ordering is approximate for a moment
-		t.clock = 1
+	if cap(t.news) < len(cps) {
+		t.news = make([]uint64, len(cps))
+	}
+	news, n := t.news[:len(cps)], 0
+	stamp := t.clock
+	for _, cp := range cps {
+		stamp++
+		if stamp == 0 { // wrapped: stamps restart, ordering is approximate for a moment
+			stamp = 1
+		}
+		var e *prefixEntry
+		set := t.set(cp.Hash)
+		for i := range set {
+			if set[i].hash == cp.Hash && set[i].stamp != 0 {
+				e = &set[i]
+				break
+			}
+		}
+		if e != nil && e.targets[0] == target {
+			e.stamp = stamp
+			// Crossing a multiple of refresh is news: peers then hear of a prefix in
+			// use at least once every refresh of clock.
+			old := e.clocks[0]
+			e.clocks[0] = clock
+			if refresh == 0 || clock/refresh == old/refresh {
+				continue
+			}
+		} else {
+			t.place(e, cp.Hash, target, clock, stamp)
+		}
+		news[n] = cp.Hash
+		n++
+	}
+	t.clock = stamp
+	return news[:n]
+}
+
+// place records target as the most recent holder of hash at stamp, on e: its entry,
+// or nil for a new hash, which takes the way of its set least recently written. It is
+// out of line: a new entry or a new first target is rare, and the record loop keeps
+// fewer live values without it.
+func (t *prefixTable) place(e *prefixEntry, hash uint64, target, clock, stamp uint32) {
+	if e != nil {
+		e.stamp = stamp
+		promoteTarget(e, target, clock)
+		return
 	}
 	set := t.set(hash)
-	for i := range set {
-		if e := &set[i]; e.hash == hash && e.stamp != 0 {
-			e.stamp = t.clock
-			if e.targets[0] == target {
-				// Crossing a multiple of refresh is news: peers then hear of a prefix
-				// in use at least once every refresh of clock.
-				old := e.clocks[0]
-				e.clocks[0] = clock
-				return refresh > 0 && clock/refresh != old/refresh
-			}
-			promoteTarget(e, target, clock)
-			return true
-		}
-	}
 	victim := 0 // an empty way, else the least recently written
 	for i := range set {
 		if set[i].stamp < set[victim].stamp {
@@ -92,8 +126,7 @@ func (t *prefixTable) record(hash uint64, target, clock, refresh uint32) (change
 		}
 	}
 	set[victim] = prefixEntry{hash: hash, targets: [prefixTargetsPerEntry]uint32{target},
-		clocks: [prefixTargetsPerEntry]uint32{clock}, stamp: t.clock}
-	return true
+		clocks: [prefixTargetsPerEntry]uint32{clock}, stamp: stamp}
 }
 
 // promoteTarget puts target first with its clock, keeping the others in order

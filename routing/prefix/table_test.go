@@ -1,20 +1,110 @@
 package prefix
 
 import (
+	"math/rand"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
+
+// recordOne records one hash and reports whether it was news.
+func recordOne(tab *prefixTable, hash uint64, target, clock, refresh uint32) bool {
+	return len(tab.record([]Checkpoint{{Hash: hash}}, target, clock, refresh)) > 0
+}
 
 func TestPrefixTableRefreshesAClockThatMovedOn(t *testing.T) {
 	tab := newPrefixTable(64)
-	assert.True(t, tab.record(1, 7, 10, 4), "a new entry")
-	assert.False(t, tab.record(1, 7, 11, 4), "within one multiple of refresh: no news for the peers")
-	assert.True(t, tab.record(1, 7, 12, 4), "crossed a multiple of refresh")
-	assert.False(t, tab.record(1, 7, 15, 4))
-	assert.False(t, tab.record(1, 7, 100, 0), "refresh 0: clocks are never news")
+	assert.True(t, recordOne(tab, 1, 7, 10, 4), "a new entry")
+	assert.False(t, recordOne(tab, 1, 7, 11, 4), "within one multiple of refresh: no news for the peers")
+	assert.True(t, recordOne(tab, 1, 7, 12, 4), "crossed a multiple of refresh")
+	assert.False(t, recordOne(tab, 1, 7, 15, 4))
+	assert.False(t, recordOne(tab, 1, 7, 100, 0), "refresh 0: clocks are never news")
 	assert.Equal(t, uint32(100), tab.find(1).clocks[0])
-	assert.True(t, tab.record(1, 8, 5, 0), "a new first target")
+	assert.True(t, recordOne(tab, 1, 8, 5, 0), "a new first target")
 	assert.Equal(t, [4]uint32{8, 7}, tab.find(1).targets)
 	assert.Equal(t, [4]uint32{5, 100}, tab.find(1).clocks, "clocks move with their targets")
+	assert.True(t, recordOne(tab, 1, 9, 6, 0))
+	assert.True(t, recordOne(tab, 1, 10, 7, 0))
+	assert.True(t, recordOne(tab, 1, 11, 8, 0), "a fifth target drops the oldest")
+	assert.Equal(t, [4]uint32{11, 10, 9, 8}, tab.find(1).targets)
+	assert.Equal(t, [4]uint32{8, 7, 6, 5}, tab.find(1).clocks)
+	assert.True(t, recordOne(tab, 1, 9, 9, 0), "a known target moves first")
+	assert.Equal(t, [4]uint32{9, 11, 10, 8}, tab.find(1).targets)
+	assert.Equal(t, [4]uint32{9, 8, 7, 5}, tab.find(1).clocks)
+}
+
+// referenceRecord is the plain record of one hash that record must match: found, the
+// entry is stamped and its target put first (news unless it was first already and
+// its clock stayed within a multiple of refresh); not found, it takes the way least
+// recently written (news).
+func referenceRecord(t *prefixTable, hash uint64, target, clock, refresh uint32) (news bool) {
+	if t.entries == nil {
+		t.entries = make([]prefixEntry, t.sets*prefixWays)
+	}
+	t.clock++
+	if t.clock == 0 {
+		t.clock = 1
+	}
+	set := t.set(hash)
+	for i := range set {
+		if e := &set[i]; e.hash == hash && e.stamp != 0 {
+			e.stamp = t.clock
+			if e.targets[0] == target {
+				old := e.clocks[0]
+				e.clocks[0] = clock
+				return refresh > 0 && clock/refresh != old/refresh
+			}
+			j := len(e.targets) - 1
+			for s, t := range e.targets {
+				if t == target {
+					j = s
+					break
+				}
+			}
+			copy(e.targets[1:j+1], e.targets[:j])
+			copy(e.clocks[1:j+1], e.clocks[:j])
+			e.targets[0], e.clocks[0] = target, clock
+			return true
+		}
+	}
+	victim := 0
+	for i := range set {
+		if set[i].stamp < set[victim].stamp {
+			victim = i
+		}
+	}
+	set[victim] = prefixEntry{hash: hash, targets: [prefixTargetsPerEntry]uint32{target},
+		clocks: [prefixTargetsPerEntry]uint32{clock}, stamp: t.clock}
+	return true
+}
+
+// A prompt's checkpoints recorded in one call leave the table, its clock and the news
+// exactly as the plain record of one hash at a time does, through evictions, repeats
+// (a hash twice in one call), new first targets, refreshes and a wrapping clock.
+func TestPrefixTableRecordsABatchAsOneAtATime(t *testing.T) {
+	rng := rand.New(rand.NewSource(6))
+	batch, single := newPrefixTable(64), newPrefixTable(64)
+	batch.clock, single.clock = ^uint32(0)-500, ^uint32(0)-500
+	for call := 0; call < 400; call++ {
+		cps := make([]Checkpoint, rng.Intn(40))
+		for i := range cps {
+			// Few hashes over the 8 sets: repeats and evictions.
+			cps[i].Hash = uint64(rng.Intn(120)) * 0x9e3779b97f4a7c15
+		}
+		target, clock, refresh := uint32(1+rng.Intn(6)), uint32(rng.Intn(1000)), uint32(rng.Intn(3)*50)
+		var want []uint64
+		for _, cp := range cps {
+			if referenceRecord(single, cp.Hash, target, clock, refresh) {
+				want = append(want, cp.Hash)
+			}
+		}
+		got := batch.record(cps, target, clock, refresh)
+		require.Equal(t, len(want), len(got), "call %d", call)
+		if len(want) > 0 {
+			require.Equal(t, want, got, "call %d", call)
+		}
+		require.Equal(t, single.clock, batch.clock)
+		require.Equal(t, single.entries, batch.entries, "call %d", call)
+	}
 }
