@@ -44,15 +44,31 @@ func (t *prefixTable) set(hash uint64) []prefixEntry {
 	return t.entries[s*prefixWays : (s+1)*prefixWays]
 }
 
-// find returns the entry of hash, or nil. The hash is compared first: most ways
-// hold other hashes, and the stamp is then never read.
+// find returns the entry of hash, or nil. It stops at the first empty way (see slot).
 func (t *prefixTable) find(hash uint64) *prefixEntry {
 	if t.entries == nil {
 		return nil
 	}
 	set := t.set(hash)
 	for i := range set {
-		if set[i].hash == hash && set[i].stamp != 0 {
+		if set[i].stamp == 0 {
+			return nil
+		}
+		if set[i].hash == hash {
+			return &set[i]
+		}
+	}
+	return nil
+}
+
+// slot returns the entry of hash, else the empty way of its set that a new hash takes,
+// else nil (a full set without it). A set's entries are its first ways: a new entry
+// takes the first empty way, and an entry is only ever replaced. So a search stops at
+// the first empty way, and in a table far from full that is soon.
+func (t *prefixTable) slot(hash uint64) *prefixEntry {
+	set := t.set(hash)
+	for i := range set {
+		if set[i].hash == hash || set[i].stamp == 0 {
 			return &set[i]
 		}
 	}
@@ -81,15 +97,8 @@ func (t *prefixTable) record(cps []Checkpoint, target, clock, refresh uint32) []
 		if stamp == 0 { // wrapped: stamps restart, ordering is approximate for a moment
 			stamp = 1
 		}
-		var e *prefixEntry
-		set := t.set(cp.Hash)
-		for i := range set {
-			if set[i].hash == cp.Hash && set[i].stamp != 0 {
-				e = &set[i]
-				break
-			}
-		}
-		if e != nil && e.targets[0] == target {
+		e := t.slot(cp.Hash)
+		if e != nil && e.stamp != 0 && e.targets[0] == target {
 			e.stamp = stamp
 			// Crossing a multiple of refresh is news: peers then hear of a prefix in
 			// use at least once every refresh of clock.
@@ -109,23 +118,26 @@ func (t *prefixTable) record(cps []Checkpoint, target, clock, refresh uint32) []
 }
 
 // place records target as the most recent holder of hash at stamp, on e: its entry,
-// or nil for a new hash, which takes the way of its set least recently written. It is
-// out of line: a new entry or a new first target is rare, and the record loop keeps
-// fewer live values without it.
+// or the empty way a new hash takes, or nil for a full set without it, where the way
+// least recently written takes it. It is out of line: a miss or a new first target is
+// rare, and the record loop keeps fewer live values without it.
 func (t *prefixTable) place(e *prefixEntry, hash uint64, target, clock, stamp uint32) {
-	if e != nil {
+	if e != nil && e.stamp != 0 {
 		e.stamp = stamp
 		promoteTarget(e, target, clock)
 		return
 	}
-	set := t.set(hash)
-	victim := 0 // an empty way, else the least recently written
-	for i := range set {
-		if set[i].stamp < set[victim].stamp {
-			victim = i
+	if e == nil {
+		set := t.set(hash)
+		victim := 0
+		for i := range set {
+			if set[i].stamp < set[victim].stamp {
+				victim = i
+			}
 		}
+		e = &set[victim]
 	}
-	set[victim] = prefixEntry{hash: hash, targets: [prefixTargetsPerEntry]uint32{target},
+	*e = prefixEntry{hash: hash, targets: [prefixTargetsPerEntry]uint32{target},
 		clocks: [prefixTargetsPerEntry]uint32{clock}, stamp: stamp}
 }
 

@@ -79,9 +79,25 @@ func referenceRecord(t *prefixTable, hash uint64, target, clock, refresh uint32)
 	return true
 }
 
+// referenceFind is the plain lookup that find must match: every way of the set.
+func referenceFind(t *prefixTable, hash uint64) *prefixEntry {
+	if t.entries == nil {
+		return nil
+	}
+	set := t.set(hash)
+	for i := range set {
+		if set[i].hash == hash && set[i].stamp != 0 {
+			return &set[i]
+		}
+	}
+	return nil
+}
+
 // A prompt's checkpoints recorded in one call leave the table, its clock and the news
 // exactly as the plain record of one hash at a time does, through evictions, repeats
-// (a hash twice in one call), new first targets, refreshes and a wrapping clock.
+// (a hash twice in one call), new first targets, refreshes and a wrapping clock; and
+// find, which stops at a set's first empty way, finds what a search of every way
+// does (hash 0, the hash of an empty way, included).
 func TestPrefixTableRecordsABatchAsOneAtATime(t *testing.T) {
 	rng := rand.New(rand.NewSource(6))
 	batch, single := newPrefixTable(64), newPrefixTable(64)
@@ -106,5 +122,8 @@ func TestPrefixTableRecordsABatchAsOneAtATime(t *testing.T) {
 		}
 		require.Equal(t, single.clock, batch.clock)
 		require.Equal(t, single.entries, batch.entries, "call %d", call)
+		for h := uint64(0); h < 120; h++ {
+			require.Equal(t, referenceFind(single, h*0x9e3779b97f4a7c15), batch.find(h*0x9e3779b97f4a7c15))
+		}
 	}
 }
