@@ -172,8 +172,9 @@ func (j *prefixJournal) publish() error {
 	binary.LittleEndian.PutUint64(chunk[1:], j.vmid)
 	binary.LittleEndian.PutUint64(chunk[9:], j.seq)
 	for i, r := range j.outbox {
-		e := chunk[journalHeaderBytes+i*journalEntryBytes:]
-		binary.LittleEndian.PutUint64(e, r.hash)
+		// A fixed-size window: one bounds check a record.
+		e := (*[journalEntryBytes]byte)(chunk[journalHeaderBytes+i*journalEntryBytes:])
+		binary.LittleEndian.PutUint64(e[:8], r.hash)
 		binary.LittleEndian.PutUint32(e[8:], r.t32)
 	}
 	if err := j.overwrite(j.slotKey(j.slot, strconv.FormatUint(j.seq%journalRing, 10)), chunk); err != nil {
