@@ -168,7 +168,8 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	}
 	rankOK := func(t *Target) bool { return rank == NoRank || t.Rank == rank }
 	for i := range ts {
-		// Looking into a map is a call even when it is nil, as it is but after an ejection.
+		// In wasm a map lookup is a call even on a nil map, and the set is nil unless
+		// an endpoint is ejected.
 		if rankOK(&ts[i]) && (ejected == nil || !ejected[p.endpointFP[ts[i].Endpoint]]) {
 			v.eligible = append(v.eligible, i)
 		}

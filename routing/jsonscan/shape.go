@@ -40,6 +40,8 @@ func ShapeOK(body string, skip *Spans) bool {
 			if e < 0 {
 				// Most strings left to check are keys and short values: looking at
 				// their first word here costs less than the call, when they end in it.
+				// (stringEnd opens with the same test; as a function of its own it is
+				// past the inliner's budget, and the call costs more than the word.)
 				if j := i + 1; j+8 <= len(body) {
 					if m := quoteOrEscapeMask(load64(body, j)); m != 0 {
 						if q := j + bits.TrailingZeros64(m)>>3; body[q] == '"' {
