@@ -149,7 +149,8 @@ func writeChatTrace(w io.Writer, s chatTraceSpec) error {
 }
 
 // chatTraceMain is `kvroute-replay -gen-chat [-o file] [-conversations n] [-turns n]
-// [-seed n]`: it writes the chat trace and returns the exit code.
+// [-starts-per-s r] [-think-mean-s s] [-apps n] [-system-tokens n] [-seed n]`: it
+// writes the chat trace and returns the exit code.
 func chatTraceMain(args []string) int {
 	s := chatTraceDefaults
 	fs := flag.NewFlagSet("kvroute-replay -gen-chat", flag.ContinueOnError)
@@ -157,6 +158,9 @@ func chatTraceMain(args []string) int {
 	fs.IntVar(&s.Conversations, "conversations", s.Conversations, "conversations")
 	fs.IntVar(&s.Turns, "turns", s.Turns, "turns per conversation")
 	fs.Float64Var(&s.StartsPerS, "starts-per-s", s.StartsPerS, "new conversations per second (Poisson)")
+	fs.Float64Var(&s.ThinkMeanS, "think-mean-s", s.ThinkMeanS, "mean of the exponential part of the time between a conversation's turns, seconds")
+	fs.IntVar(&s.Apps, "apps", s.Apps, "applications, each with its own system prompt")
+	fs.IntVar(&s.SystemTokens, "system-tokens", s.SystemTokens, "tokens of each application's system prompt")
 	fs.Uint64Var(&s.Seed, "seed", s.Seed, "seed")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
