@@ -71,12 +71,12 @@ const (
 // Extract parses body and fills req for the given API. It never panics.
 //
 // The body is read in one forward walk: the members Extract needs are decoded straight
-// into req.Prompt as they are met, and everything else is only skipped over. Its shape
-// is then checked once (jsonscan.ShapeOK: an object, balanced, strings closed, nesting
-// bounded) rather than fully validated. It allocates only for a copy of req.Model and
-// to grow req.Prompt: the canonical prompt is appended to req.Prompt[:0], so a caller
-// that reuses one Request reuses one backing array. Nothing in req refers to body
-// afterwards.
+// into req.Prompt as they are met, and everything else is only skipped over. The walk
+// checks the body's shape as it goes (as jsonscan.ShapeOK does: an object, balanced,
+// strings closed, nesting bounded) rather than fully validating it. It allocates only
+// for a copy of req.Model and to grow req.Prompt: the canonical prompt is appended to
+// req.Prompt[:0], so a caller that reuses one Request reuses one backing array.
+// Nothing in req refers to body afterwards.
 //
 // It sets Model (a JSON string, else empty), Stream (JSON true only), Prompt,
 // BlockBytes and Tokens. Conversation and HasConversation are set from
@@ -156,53 +156,62 @@ func Extract(api API, body []byte, opt ExtractOptions, req *Request) error {
 // readPrompt walks the body's top-level object at json[root] (readTopLevel), checks its
 // shape, and completes the prompt for api.
 func readPrompt(api API, json string, root int, w *promptWriter, fields *bodyFields) (topLevel, error) {
-	// The walk comes first and remembers in w.spans the long strings it decoded, so the
-	// shape check after it jumps over them instead of scanning the prompt a second time.
 	top, err := readTopLevel(api, json, root, w, fields)
-	if !jsonscan.ShapeOK(json, &w.spans) {
+	// The walk checks the shape of what it reads; a body it cannot vouch for (one it
+	// stopped reading early, or found odd) gets the whole-body check.
+	if !top.shaped && !jsonscan.ShapeOK(json) {
 		return top, errNotJSON
 	}
 	if err != nil {
 		return top, err
 	}
+	return top, w.finish(api, &top)
+}
+
+// finish completes the prompt for api after the walk over the top-level object.
+func (w *promptWriter) finish(api API, top *topLevel) error {
 	switch api {
 	case APIChatCompletions:
 		if !top.promptSeen {
-			return top, errMessages
+			return errMessages
 		}
 	case APICompletions:
 		if !top.promptSeen {
-			return top, errPrompt
+			return errPrompt
 		}
 	case APIResponses:
-		err = w.responses(top.instructions, top.input)
+		return w.responses(top.instructions, top.input)
 	}
-	return top, err
+	return nil
 }
 
 // topLevel is what the walk over the body's top-level object found besides the prompt.
 type topLevel struct {
 	model, stream, instructions, input string // raw JSON of the first such member; "" when absent
 	promptSeen                         bool   // the chat "messages" or completions "prompt" was appended
+	shaped                             bool   // the walk vouches for the body's shape (jsonscan.ShapeOK)
 }
 
 // readTopLevel walks the members of the object at json[root] once. The chat messages
 // or completions prompt is appended to w where it is met; the members read later are
 // kept as raw JSON, and so are the members body fields start with (fields, when not
 // nil), so that looking for a conversation id never rescans the body. Responses input
-// is appended after the walk, as "instructions" may follow it.
+// is appended after the walk, as "instructions" may follow it. The walk is shaped
+// when it reads to the object's end without meeting anything odd, and only white
+// space follows the object.
 func readTopLevel(api API, json string, root int, w *promptWriter, fields *bodyFields) (topLevel, error) {
 	var top topLevel
 	for i := root + 1; ; {
-		k, v, _ := jsonscan.MemberAt(json, i)
+		k, v, end := jsonscan.MemberAt(json, i, &w.odd)
 		if v < 0 {
+			top.shaped = !w.odd && jsonscan.SkipSpace(json, end) == len(json)
 			return top, nil
 		}
 		var e int
 		var err error
 		switch {
 		case top.promptSeen:
-			e = jsonscan.ValueEnd(json, v)
+			e = jsonscan.ValueEnd(json, v, &w.odd)
 		case api == APIChatCompletions && k == "messages":
 			e, err = w.chat(json, v)
 			top.promptSeen = true
@@ -210,7 +219,7 @@ func readTopLevel(api API, json string, root int, w *promptWriter, fields *bodyF
 			e, err = w.completion(json, v)
 			top.promptSeen = true
 		default:
-			e = jsonscan.ValueEnd(json, v)
+			e = jsonscan.ValueEnd(json, v, &w.odd)
 		}
 		if err != nil {
 			return top, err

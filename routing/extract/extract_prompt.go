@@ -4,12 +4,14 @@ import "github.com/kvroute/kvroute/routing/jsonscan"
 
 // promptWriter appends the canonical prompt of a request (docs/behaviour.md, Reading
 // the request) and measures it for the token estimate. Its methods read JSON text s
-// from the value that starts at s[v] and return where that value ends.
+// from the value that starts at s[v] and return where that value ends. They read with
+// jsonscan's readers, which check the shape as they go; the walk nests at most five
+// levels (the body, its messages or input, an item, its content, a part), within
+// jsonscan.WalkDepth.
 type promptWriter struct {
-	buf    []byte
-	spans  jsonscan.Spans // the long strings decoded from the body, for the shape check to jump over
-	inCopy bool           // reading a copy of a member, whose positions are not the body's
-	lines  int            // lines begun; every line but the first starts with "\n"
+	buf   []byte
+	lines int  // lines begun; every line but the first starts with "\n"
+	odd   bool // the walk met text it cannot vouch is shaped (jsonscan's readers)
 
 	raw    int  // bytes appended that are not text: raw JSON parts, items and tool calls
 	unkept int  // text bytes counted but not appended: a batch's strings after the first
@@ -24,14 +26,6 @@ func (w *promptWriter) estimate(charsPerToken, blockTokens int) (blockBytes, tok
 		return blockTokens * tokenIDBytes, w.ids
 	}
 	return blockTokens * charsPerToken, (len(w.buf) - w.raw + w.unkept) / charsPerToken
-}
-
-// bodySpans is where to record the strings decoded from s: nil while s is a copy.
-func (w *promptWriter) bodySpans() *jsonscan.Spans {
-	if w.inCopy {
-		return nil
-	}
-	return &w.spans
 }
 
 // newLine begins a line: "\n" unless it is the first.
@@ -82,7 +76,7 @@ func (w *promptWriter) chat(s string, v int) (end int, err error) {
 		return 0, errMessages
 	}
 	for i := v + 1; ; {
-		m, end := jsonscan.ElementAt(s, i)
+		m, end := jsonscan.ElementAt(s, i, &w.odd)
 		if m < 0 {
 			return end, nil
 		}
@@ -110,28 +104,28 @@ func (w *promptWriter) readMessage(s string, m int) message {
 	var msg message
 	contentSeen := false
 	for i := m + 1; ; {
-		k, v, close := jsonscan.MemberAt(s, i)
+		k, v, close := jsonscan.MemberAt(s, i, &w.odd)
 		if v < 0 {
 			msg.end = close
 			return msg
 		}
 		switch {
 		case k == "role" && msg.role == "":
-			i = jsonscan.ValueEnd(s, v)
+			i = jsonscan.ValueEnd(s, v, &w.odd)
 			msg.role = s[v:i]
 		case k == "content" && !contentSeen && msg.role != "" && (s[v] == '"' || s[v] == '['):
 			contentSeen, msg.inPlace = true, true
 			w.roleLine(msg.role)
-			i = w.content(s, v, w.bodySpans())
+			i = w.content(s, v)
 		case k == "content" && !contentSeen:
 			contentSeen = true
-			i = jsonscan.ValueEnd(s, v)
+			i = jsonscan.ValueEnd(s, v, &w.odd)
 			msg.content = s[v:i]
 		case k == "tool_calls" && msg.toolCalls == "":
-			i = jsonscan.ValueEnd(s, v)
+			i = jsonscan.ValueEnd(s, v, &w.odd)
 			msg.toolCalls = s[v:i]
 		default:
-			i = jsonscan.ValueEnd(s, v)
+			i = jsonscan.ValueEnd(s, v, &w.odd)
 		}
 	}
 }
@@ -143,7 +137,7 @@ func (w *promptWriter) chatMessage(s string, m int) (end int, err error) {
 	case msg.inPlace:
 	case jsonscan.IsString(msg.content) || jsonscan.IsArray(msg.content):
 		w.roleLine(msg.role)
-		w.content(msg.content, 0, nil) // msg.content is a copy
+		w.content(msg.content, 0)
 	case msg.content == "" || msg.content == "null":
 		w.roleLine(msg.role)
 	default:
@@ -163,7 +157,7 @@ func (w *promptWriter) inputItem(s string, p int) (end int) {
 	case msg.inPlace:
 	case jsonscan.IsString(msg.content) || jsonscan.IsArray(msg.content):
 		w.roleLine(msg.role)
-		w.content(msg.content, 0, nil) // msg.content is a copy
+		w.content(msg.content, 0)
 	default:
 		w.newLine()
 		w.appendRaw(s[p:msg.end])
@@ -173,15 +167,14 @@ func (w *promptWriter) inputItem(s string, p int) (end int) {
 
 // content appends the message content at s[v], a string or an array of parts: a part
 // whose first "text" member is a string is text, any other part is appended as its
-// raw JSON. spans is nil when s is a copy of a member.
-func (w *promptWriter) content(s string, v int, spans *jsonscan.Spans) (end int) {
+// raw JSON.
+func (w *promptWriter) content(s string, v int) (end int) {
 	if s[v] == '"' {
 		w.buf, end = jsonscan.AppendString(w.buf, s, v)
-		spans.Add(v, end)
 		return end
 	}
 	for i := v + 1; ; {
-		p, end := jsonscan.ElementAt(s, i)
+		p, end := jsonscan.ElementAt(s, i, &w.odd)
 		if p < 0 {
 			return end
 		}
@@ -189,7 +182,7 @@ func (w *promptWriter) content(s string, v int, spans *jsonscan.Spans) (end int)
 		if s[p] == '{' {
 			isText, i = w.textPart(s, p)
 		} else {
-			i = jsonscan.ValueEnd(s, p)
+			i = jsonscan.ValueEnd(s, p, &w.odd)
 		}
 		if !isText {
 			w.appendRaw(s[p:i])
@@ -202,7 +195,7 @@ func (w *promptWriter) content(s string, v int, spans *jsonscan.Spans) (end int)
 func (w *promptWriter) textPart(s string, p int) (isText bool, end int) {
 	textSeen := false
 	for i := p + 1; ; {
-		k, v, close := jsonscan.MemberAt(s, i)
+		k, v, close := jsonscan.MemberAt(s, i, &w.odd)
 		if v < 0 {
 			return isText, close
 		}
@@ -214,7 +207,7 @@ func (w *promptWriter) textPart(s string, p int) (isText bool, end int) {
 				continue
 			}
 		}
-		i = jsonscan.ValueEnd(s, v)
+		i = jsonscan.ValueEnd(s, v, &w.odd)
 	}
 }
 
@@ -224,7 +217,6 @@ func (w *promptWriter) completion(s string, v int) (end int, err error) {
 	switch s[v] {
 	case '"':
 		w.buf, end = jsonscan.AppendString(w.buf, s, v)
-		w.bodySpans().Add(v, end)
 		return end, nil
 	case '[':
 		return w.completionArray(s, v)
@@ -238,7 +230,7 @@ func (w *promptWriter) completion(s string, v int) (end int, err error) {
 func (w *promptWriter) completionArray(s string, v int) (end int, err error) {
 	var kind byte // of the elements: '"' strings, '0' token ids, '[' arrays of token ids
 	for i := v + 1; ; {
-		p, end := jsonscan.ElementAt(s, i)
+		p, end := jsonscan.ElementAt(s, i, &w.odd)
 		if p < 0 {
 			w.isIDs = kind == '0' || kind == '['
 			return end, nil
@@ -266,7 +258,7 @@ func (w *promptWriter) completionArray(s string, v int) (end int, err error) {
 		case k == '[' && first:
 			i, err = w.tokenIDs(s, p)
 		case k == '[':
-			i, err = countTokenIDs(s, p, &w.ids)
+			i, err = w.countTokenIDs(s, p)
 		default:
 			return 0, errPrompt
 		}
@@ -278,7 +270,7 @@ func (w *promptWriter) completionArray(s string, v int) (end int, err error) {
 
 // tokenID appends the token id at s[p].
 func (w *promptWriter) tokenID(s string, p int) (end int, err error) {
-	end = jsonscan.ValueEnd(s, p)
+	end = jsonscan.ValueEnd(s, p, &w.odd)
 	id, ok := parseTokenID(s[p:end])
 	if !ok {
 		return 0, errTokenID
@@ -291,7 +283,7 @@ func (w *promptWriter) tokenID(s string, p int) (end int, err error) {
 // tokenIDs appends the array of token ids at s[p].
 func (w *promptWriter) tokenIDs(s string, p int) (end int, err error) {
 	for j := p + 1; ; {
-		q, qend := jsonscan.ElementAt(s, j)
+		q, qend := jsonscan.ElementAt(s, j, &w.odd)
 		if q < 0 {
 			return qend, nil
 		}
@@ -301,19 +293,18 @@ func (w *promptWriter) tokenIDs(s string, p int) (end int, err error) {
 	}
 }
 
-// countTokenIDs adds to *n the number of token ids in the array at s[p], checking
-// each.
-func countTokenIDs(s string, p int, n *int) (end int, err error) {
+// countTokenIDs counts the token ids in the array at s[p], checking each.
+func (w *promptWriter) countTokenIDs(s string, p int) (end int, err error) {
 	for j := p + 1; ; {
-		q, qend := jsonscan.ElementAt(s, j)
+		q, qend := jsonscan.ElementAt(s, j, &w.odd)
 		if q < 0 {
 			return qend, nil
 		}
-		j = jsonscan.ValueEnd(s, q)
+		j = jsonscan.ValueEnd(s, q, &w.odd)
 		if _, ok := parseTokenID(s[q:j]); !ok {
 			return 0, errTokenID
 		}
-		*n++
+		w.ids++
 	}
 }
 
@@ -341,7 +332,6 @@ func appendTokenID(dst []byte, id uint32) []byte {
 // responses appends the prompt of a responses request from its raw "instructions"
 // and "input" members.
 func (w *promptWriter) responses(instructions, input string) error {
-	w.inCopy = true
 	switch {
 	case instructions == "" || instructions == "null":
 	case jsonscan.IsString(instructions):
@@ -359,7 +349,7 @@ func (w *promptWriter) responses(instructions, input string) error {
 		return errInput
 	}
 	for i := 1; ; {
-		p, _ := jsonscan.ElementAt(input, i)
+		p, _ := jsonscan.ElementAt(input, i, &w.odd)
 		if p < 0 {
 			return nil
 		}

@@ -1,9 +1,16 @@
 // Package jsonscan reads JSON text in place, from an index into it, without building a
 // tree or copying what it does not return: the router reads a few members of request
 // bodies that are mostly one long prompt, and a full decoder would spend most of its time
-// and memory on that prompt. It checks no more syntax than its caller needs (ShapeOK
-// checks the overall shape once), but never indexes out of range nor loops on any input:
-// a value that is not closed ends at the end of the text.
+// and memory on that prompt. It checks no more syntax than its caller needs, but never
+// indexes out of range nor loops on any input: a value that is not closed ends at the
+// end of the text.
+//
+// The readers that pass over structure (MemberAt, ElementAt, ValueEnd) also check, as
+// they go, what ShapeOK checks of a body, and set *odd when what they passed over is
+// not shaped as ShapeOK requires, or may not be. A walk that reads an object with them
+// from its "{" to the "}" MemberAt ends it at, nesting at most WalkDepth levels of its
+// own, and never sets odd, has read an object ShapeOK passes; after any other walk the
+// caller must ask ShapeOK. Setting odd never changes what the readers return.
 package jsonscan
 
 import (
@@ -13,6 +20,10 @@ import (
 
 	"github.com/tidwall/gjson"
 )
+
+// WalkDepth is the nesting a walk may have above the values ValueEnd passes over,
+// which it checks to nest at most MaxDepth-WalkDepth levels.
+const WalkDepth = 8
 
 // IsString reports whether the raw JSON value raw is a string.
 func IsString(raw string) bool { return raw != "" && raw[0] == '"' }
@@ -31,15 +42,31 @@ func SkipSpace(s string, i int) int {
 	return i
 }
 
+// skipSpace is SkipSpace for the readers of a walk: it sets *odd when it passes over
+// a control character that is not JSON white space, which ShapeOK refuses in a body.
+func skipSpace(s string, i int, odd *bool) int {
+	for i < len(s) && s[i] <= ' ' {
+		if jsonSpace>>s[i]&1 == 0 {
+			*odd = true
+		}
+		i++
+	}
+	return i
+}
+
 // MemberAt reads the next member of an object, at or after s[i] (just past "{" or
 // past the previous member's value). It returns the unescaped key and where the
-// value starts; after the last member v is -1 and end is just past "}".
-func MemberAt(s string, i int) (key string, v, end int) {
-	i = SkipSpace(s, i)
+// value starts; after the last member v is -1 and end is just past "}". It sets *odd
+// when the object ends other than at "}".
+func MemberAt(s string, i int, odd *bool) (key string, v, end int) {
+	i = skipSpace(s, i, odd)
 	if i < len(s) && s[i] == ',' {
-		i = SkipSpace(s, i+1)
+		i = skipSpace(s, i+1, odd)
 	}
 	if i >= len(s) || s[i] != '"' {
+		if i >= len(s) || s[i] != '}' {
+			*odd = true
+		}
 		return "", -1, min(i+1, len(s))
 	}
 	e, escaped := stringEnd(s, i)
@@ -47,11 +74,12 @@ func MemberAt(s string, i int) (key string, v, end int) {
 	if escaped {
 		key = gjson.Parse(s[i:e]).Str // rare: an escaped key
 	}
-	i = SkipSpace(s, e)
+	i = skipSpace(s, e, odd)
 	if i < len(s) && s[i] == ':' {
-		i = SkipSpace(s, i+1)
+		i = skipSpace(s, i+1, odd)
 	}
 	if i >= len(s) {
+		*odd = true
 		return "", -1, len(s)
 	}
 	return key, i, 0
@@ -59,22 +87,30 @@ func MemberAt(s string, i int) (key string, v, end int) {
 
 // ElementAt reads the next element of an array, at or after s[i] (just past "[" or
 // past the previous element). It returns where the element starts; after the last
-// element v is -1 and end is just past "]".
-func ElementAt(s string, i int) (v, end int) {
-	i = SkipSpace(s, i)
+// element v is -1 and end is just past "]". It sets *odd when the array ends other
+// than at "]".
+func ElementAt(s string, i int, odd *bool) (v, end int) {
+	i = skipSpace(s, i, odd)
 	if i < len(s) && s[i] == ',' {
-		i = SkipSpace(s, i+1)
+		i = skipSpace(s, i+1, odd)
 	}
 	if i >= len(s) || s[i] == ']' {
+		if i >= len(s) {
+			*odd = true
+		}
 		return -1, min(i+1, len(s))
 	}
 	return i, 0
 }
 
 // ValueEnd returns where the value that starts at s[i] ends: always past i (when
-// i < len(s)) and at most len(s).
-func ValueEnd(s string, i int) int {
+// i < len(s)) and at most len(s). It sets *odd when the value is an array or object
+// not shaped as ShapeOK requires (or nested more than MaxDepth-WalkDepth levels), or
+// a literal that holds a quote or a bracket. (A string that is not closed runs to the
+// end of s, where the walk's next reader sets odd.)
+func ValueEnd(s string, i int, odd *bool) int {
 	if i >= len(s) {
+		*odd = true
 		return len(s)
 	}
 	switch s[i] {
@@ -82,27 +118,61 @@ func ValueEnd(s string, i int) int {
 		e, _ := stringEnd(s, i)
 		return e
 	case '{', '[':
-		depth := 0
-		for ; i < len(s); i++ {
-			switch s[i] {
-			case '"':
-				e, _ := stringEnd(s, i)
-				i = e - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return i + 1
-				}
-			}
+		e, ok := shapedEnd(s, i, MaxDepth-WalkDepth)
+		if !ok {
+			*odd = true
+			e = bracketEnd(s, i)
 		}
-		return len(s)
+		return e
 	}
 	e := i + 1
-	for e < len(s) && s[e] > ' ' && s[e] != ',' && s[e] != '}' && s[e] != ']' {
+	for e < len(s) && literalByte[s[e]] == inLiteral {
 		e++
 	}
+	if literalByte[s[i]] != inLiteral || e < len(s) && literalByte[s[e]] == oddInLiteral {
+		*odd = true
+		for e < len(s) && s[e] > ' ' && s[e] != ',' && s[e] != '}' && s[e] != ']' {
+			e++
+		}
+	}
 	return e
+}
+
+// The kinds of byte in a literal (a number, true, false or null; or a bare word).
+const (
+	inLiteral    = iota
+	endsLiteral  // white space, ",", "}" or "]"
+	oddInLiteral // a quote or an opening bracket: part of the literal all the same
+)
+
+// literalByte is the kind of each byte in a literal.
+var literalByte = func() (t [256]uint8) {
+	for c := 0; c <= ' '; c++ {
+		t[c] = endsLiteral
+	}
+	t[','], t['}'], t[']'] = endsLiteral, endsLiteral, endsLiteral
+	t['"'], t['{'], t['['] = oddInLiteral, oddInLiteral, oddInLiteral
+	return t
+}()
+
+// bracketEnd is where the array or object at s[i] ends when it is not shaped: past
+// the bracket that brings the count of open brackets, of either kind, back to zero.
+func bracketEnd(s string, i int) int {
+	depth := 0
+	for ; i < len(s); i++ {
+		switch s[i] {
+		case '"':
+			e, _ := stringEnd(s, i)
+			i = e - 1
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return len(s)
 }
 
 // stringEnd returns the index just past the closing quote of the string that starts

@@ -28,25 +28,35 @@ var scanSeeds = []string{
 
 // FuzzScan: on any text, even text that is not JSON, the readers never index out of
 // range and always move forward; a string decodes to where stringEnd says it ends, and
-// a valid JSON string decodes as gjson decodes it. (The shape check with spans is
-// fuzzed by routing's FuzzExtract, whose walk makes the spans.)
+// a valid JSON string decodes as gjson decodes it. ValueEnd ends values where it did
+// before it checked their shape, and vouches only for values ShapeOK passes; ShapeOK
+// answers as its first form did. (The walk's use of the readers' check is fuzzed by
+// extract's FuzzShapeCheck.)
 func FuzzScan(f *testing.F) {
 	for _, s := range scanSeeds {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		for i := 0; i < len(s) && i < 64; i++ {
-			if e := ValueEnd(s, i); e <= i || e > len(s) {
+			odd := false
+			e := ValueEnd(s, i, &odd)
+			if e <= i || e > len(s) {
 				t.Fatalf("ValueEnd(%q, %d) = %d", s, i, e)
 			}
-			if _, v, end := MemberAt(s, i); v >= len(s) || (v < 0 && (end <= 0 || end > len(s))) {
+			if want := valueEndOracle(s, i); e != want {
+				t.Fatalf("ValueEnd(%q, %d) = %d, unchecked %d", s, i, e, want)
+			}
+			if !odd && e < len(s) && !ShapeOK(`{"k":`+s[i:e]+`}`) {
+				t.Fatalf("ValueEnd(%q, %d) vouches for %q, which ShapeOK refuses", s, i, s[i:e])
+			}
+			if _, v, end := MemberAt(s, i, &odd); v >= len(s) || (v < 0 && (end <= 0 || end > len(s))) {
 				t.Fatalf("MemberAt(%q, %d) = %d, %d", s, i, v, end)
 			}
-			if v, end := ElementAt(s, i); v >= len(s) || (v < 0 && (end <= 0 || end > len(s))) {
+			if v, end := ElementAt(s, i, &odd); v >= len(s) || (v < 0 && (end <= 0 || end > len(s))) {
 				t.Fatalf("ElementAt(%q, %d) = %d, %d", s, i, v, end)
 			}
 			if s[i] == '"' {
-				// ShapeOK may jump over a string a walk decoded: both must agree on
+				// The walk decodes some strings and skips others: both must agree on
 				// where every string ends.
 				_, end := AppendString(nil, s, i)
 				e, escaped := stringEnd(s, i)
@@ -65,7 +75,17 @@ func FuzzScan(f *testing.F) {
 				t.Fatalf("quoteOrEscape(%q, %d) = %d, want %d", s, i, got, want)
 			}
 		}
-		_ = ShapeOK(s, nil)
+		if got, want := ShapeOK(s), shapeOKOracle(s); got != want {
+			t.Fatalf("ShapeOK(%q) = %v, its first form %v", s, got, want)
+		}
+
+		// A valid value within the depth bound is never odd.
+		if i := SkipSpace(s, 0); i < len(s) && gjson.Valid(s) && nesting(s) <= MaxDepth-WalkDepth {
+			odd := false
+			if e := ValueEnd(s, i, &odd); odd || SkipSpace(s, e) != len(s) {
+				t.Fatalf("ValueEnd(%q) = %d, odd %v", s, e, odd)
+			}
+		}
 
 		// Strings decode as gjson decodes them.
 		if len(s) > 0 && s[0] == '"' && gjson.Valid(s) {

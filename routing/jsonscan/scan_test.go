@@ -36,8 +36,9 @@ func TestMemberAtDecodesEscapedKeys(t *testing.T) {
 		`{"\u0072ole":1}`:     "role",
 		`{"back\\\\slash":1}`: `back\\slash`,
 	} {
-		if key, v, _ := MemberAt(body, 1); key != want || v < 0 {
-			t.Errorf("MemberAt(%s) = %q, %d; want %q", body, key, v, want)
+		odd := false
+		if key, v, _ := MemberAt(body, 1, &odd); key != want || v < 0 || odd {
+			t.Errorf("MemberAt(%s) = %q, %d, odd %v; want %q", body, key, v, odd, want)
 		}
 	}
 }

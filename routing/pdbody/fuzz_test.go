@@ -67,7 +67,7 @@ func pdCheckOutput(t *testing.T, name string, body, keep, out []byte, err error)
 // pdValidObject says a body must be accepted: a JSON object no deeper than the
 // nesting bound (deeper ones are refused on purpose: jsonscan.ShapeOK).
 func pdValidObject(body []byte) bool {
-	return json.Valid(body) && gjson.ParseBytes(body).IsObject() && jsonscan.ShapeOK(string(body), nil)
+	return json.Valid(body) && gjson.ParseBytes(body).IsObject() && jsonscan.ShapeOK(string(body))
 }
 
 func FuzzVLLMPrefillBody(f *testing.F) {

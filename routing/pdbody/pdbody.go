@@ -337,7 +337,7 @@ func jsonObject(body []byte) (string, bool) {
 	s := bytesToString(body)
 	// The shape check first: it bounds the nesting, so gjson's recursive validation
 	// can never run the stack out (in wasm a stack overflow is a trap, not a panic).
-	if !jsonscan.ShapeOK(s, nil) || !gjson.Valid(s) {
+	if !jsonscan.ShapeOK(s) || !gjson.Valid(s) {
 		return "", false
 	}
 	if !gjson.Parse(s).IsObject() {
