@@ -290,13 +290,29 @@ func quoteOrEscape(s string, i int) int {
 	}
 	// Then eight words a step: in Go's wasm every loop iteration goes back through the
 	// function's block dispatcher, which costs more than testing a word. Slicing the
-	// step's 64 bytes once leaves the loads without bounds checks.
+	// step's 64 bytes once leaves the loads without bounds checks. Each word has a line
+	// of its own: the compiler orders a block's operations by source line, and with
+	// one line (or one inlined helper) for all eight it loads and masks every word
+	// before combining any, and spills.
 	for ; i+64 <= len(s); i += 64 {
 		w := s[i : i+64]
-		if quoteOrEscapeMask(load64(w, 0))|quoteOrEscapeMask(load64(w, 8))|
-			quoteOrEscapeMask(load64(w, 16))|quoteOrEscapeMask(load64(w, 24))|
-			quoteOrEscapeMask(load64(w, 32))|quoteOrEscapeMask(load64(w, 40))|
-			quoteOrEscapeMask(load64(w, 48))|quoteOrEscapeMask(load64(w, 56)) != 0 {
+		x := load64(w, 0)
+		m := (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		x = load64(w, 8)
+		m |= (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		x = load64(w, 16)
+		m |= (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		x = load64(w, 24)
+		m |= (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		x = load64(w, 32)
+		m |= (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		x = load64(w, 40)
+		m |= (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		x = load64(w, 48)
+		m |= (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		x = load64(w, 56)
+		m |= (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		if m&swarHigh != 0 { // as quoteOrEscapeMask of any of the words
 			break // the word loop below finds which byte
 		}
 	}
@@ -314,16 +330,18 @@ func quoteOrEscape(s string, i int) int {
 }
 
 const (
-	swarOnes = 0x0101010101010101
-	swarHigh = 0x8080808080808080
+	swarOnes    = 0x0101010101010101
+	swarHigh    = 0x8080808080808080
+	swarQuotes  = swarOnes * '"'
+	swarEscapes = swarOnes * '\\'
 )
 
 // quoteOrEscapeMask has the high bit set in the byte lanes of w that hold '"' or '\\'
 // — exactly at the lowest such lane; lanes above it may be set spuriously, which
 // callers never look at.
 func quoteOrEscapeMask(w uint64) uint64 {
-	q := w ^ (swarOnes * '"')
-	b := w ^ (swarOnes * '\\')
+	q := w ^ swarQuotes
+	b := w ^ swarEscapes
 	return ((q-swarOnes)&^q | (b-swarOnes)&^b) & swarHigh
 }
 
