@@ -59,6 +59,33 @@ func skipSpace(s string, i int, odd *bool) int {
 // value starts; after the last member v is -1 and end is just past "}". It sets *odd
 // when the object ends other than at "}".
 func MemberAt(s string, i int, odd *bool) (key string, v, end int) {
+	// Compact JSON, as clients send it, is read here without a call: the "}" that
+	// ends the object, or an optional comma, a key that ends within two words, a
+	// colon, and the value. Anything else memberAt reads.
+	if i+20 <= len(s) {
+		j := i
+		if s[j] == ',' {
+			j++
+		}
+		if s[j] == '"' {
+			k := j + 1
+			m := quoteOrEscapeMask(load64(s, k))
+			if m == 0 {
+				k += 8
+				m = quoteOrEscapeMask(load64(s, k))
+			}
+			if q := k + bits.TrailingZeros64(m)>>3; m != 0 && s[q] == '"' && s[q+1] == ':' && s[q+2] > ' ' {
+				return s[j+1 : q], q + 2, 0
+			}
+		} else if s[i] == '}' {
+			return "", -1, i + 1
+		}
+	}
+	return memberAt(s, i, odd)
+}
+
+// memberAt is MemberAt the general way, for any text.
+func memberAt(s string, i int, odd *bool) (key string, v, end int) {
 	i = skipSpace(s, i, odd)
 	if i < len(s) && s[i] == ',' {
 		i = skipSpace(s, i+1, odd)

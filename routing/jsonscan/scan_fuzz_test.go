@@ -24,6 +24,10 @@ var scanSeeds = []string{
 	"{\"a\":\x01}",
 	` {"k" : [ 1 , "two" , { } ] } `,
 	`{"prompt":[1.5, 1e3, -0, 4294967295]}`,
+	`{"model":"llama","stream":true,"messages":[{"role":"system","content":"Be brief."}]}`,
+	`{"conversation_id":"c","a":1,"b":"x\"y","c\"d":2,"tool_calls":[],"e" :3,"f": 4}`,
+	`{"a": 1,"b":` + "\n" + `2,"12345678":3,"1234567":4,"123456789012345":5,"1234567890123456":6,"k":[ {} ], "padding":"............"}`,
+	`{"a\:b":1,"padding":"...................."}`,
 }
 
 // FuzzScan: on any text, even text that is not JSON, the readers never index out of
@@ -49,8 +53,14 @@ func FuzzScan(f *testing.F) {
 			if !odd && e < len(s) && !ShapeOK(`{"k":`+s[i:e]+`}`) {
 				t.Fatalf("ValueEnd(%q, %d) vouches for %q, which ShapeOK refuses", s, i, s[i:e])
 			}
-			if _, v, end := MemberAt(s, i, &odd); v >= len(s) || (v < 0 && (end <= 0 || end > len(s))) {
+			odd = false
+			k, v, end := MemberAt(s, i, &odd)
+			if v >= len(s) || (v < 0 && (end <= 0 || end > len(s))) {
 				t.Fatalf("MemberAt(%q, %d) = %d, %d", s, i, v, end)
+			}
+			oddGeneral := false
+			if k2, v2, end2 := memberAt(s, i, &oddGeneral); k != k2 || v != v2 || end != end2 || odd != oddGeneral {
+				t.Fatalf("MemberAt(%q, %d) = %q, %d, %d, %v; the general way %q, %d, %d, %v", s, i, k, v, end, odd, k2, v2, end2, oddGeneral)
 			}
 			if v, end := ElementAt(s, i, &odd); v >= len(s) || (v < 0 && (end <= 0 || end > len(s))) {
 				t.Fatalf("ElementAt(%q, %d) = %d, %d", s, i, v, end)
