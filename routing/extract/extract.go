@@ -18,7 +18,8 @@ type ExtractOptions struct {
 	BlockTokens   int      // prefix.block_tokens, >= 1 (smaller values are treated as 1)
 	BodyFields    []string // conversation.body_fields (gjson paths); nil when conversation affinity is disabled
 
-	heads []string // the first step of each body field's path, once Prepared
+	heads    []string // the first step of each body field's path, once Prepared
+	headLens uint64   // bodyFields.lens of heads, once Prepared
 }
 
 // Prepared returns the options with the body-field paths worked out once, for a
@@ -28,6 +29,9 @@ func (opt ExtractOptions) Prepared() ExtractOptions {
 	for i, f := range opt.BodyFields {
 		opt.heads[i] = simpleHead(f)
 	}
+	var f bodyFields
+	f.prepare(opt)
+	opt.headLens = f.lens
 	return opt
 }
 
@@ -286,22 +290,34 @@ func fail(req *Request, err error) error {
 type bodyFields struct {
 	head [fastBodyFields]string // the path's first step; "" when the path needs gjson.Get
 	val  [fastBodyFields]string // raw JSON of the member named head; "" when absent
+	n    int                    // the paths in head
+	lens uint64                 // bit min(len(head[i]), 63) set for each non-empty head
 }
 
 // prepare sets the first step of each fast path.
 func (f *bodyFields) prepare(opt ExtractOptions) {
-	for i := 0; i < len(opt.BodyFields) && i < fastBodyFields; i++ {
-		if len(opt.heads) == len(opt.BodyFields) {
+	f.n = min(len(opt.BodyFields), fastBodyFields)
+	if len(opt.heads) == len(opt.BodyFields) && opt.headLens != 0 {
+		for i := 0; i < f.n; i++ {
 			f.head[i] = opt.heads[i]
-		} else {
-			f.head[i] = simpleHead(opt.BodyFields[i])
+		}
+		f.lens = opt.headLens
+		return
+	}
+	for i := 0; i < f.n; i++ {
+		f.head[i] = simpleHead(opt.BodyFields[i])
+		if f.head[i] != "" {
+			f.lens |= 1 << min(len(f.head[i]), 63)
 		}
 	}
 }
 
 // keep records raw as the value of member key for the paths that start with key.
 func (f *bodyFields) keep(key, raw string) {
-	for i := range f.head {
+	if f.lens&(1<<min(len(key), 63)) == 0 {
+		return // most members: no head is as long as the key
+	}
+	for i := 0; i < f.n; i++ {
 		if f.head[i] != key || key == "" {
 			continue
 		}

@@ -365,6 +365,19 @@ func TestExtractConversation(t *testing.T) {
 		req = mustExtract(t, APIChatCompletions, `{"user":["u-1"],"messages":[]}`, opt)
 		assert.Equal(t, fp("u-1"), req.Conversation)
 	})
+	t.Run("names of any length, prepared or not", func(t *testing.T) {
+		long := strings.Repeat("n", 70)
+		opt := opt
+		opt.BodyFields = []string{strings.Repeat("a", 63) + ".id", strings.Repeat("b", 64), long, "u"}
+		for _, o := range []ExtractOptions{opt, opt.Prepared()} {
+			req := mustExtract(t, APIChatCompletions, `{"`+long[:65]+`":"x","`+long+`":"seventy","messages":[]}`, o)
+			assert.Equal(t, fp("seventy"), req.Conversation)
+			req = mustExtract(t, APIChatCompletions, `{"`+strings.Repeat("a", 63)+`":{"id":"a63"},"u":"u","messages":[]}`, o)
+			assert.Equal(t, fp("a63"), req.Conversation)
+			req = mustExtract(t, APIChatCompletions, `{"v":"v","u":"u","messages":[]}`, o)
+			assert.Equal(t, fp("u"), req.Conversation)
+		}
+	})
 	t.Run("more fields than the fast path holds", func(t *testing.T) {
 		opt := opt
 		opt.BodyFields = []string{"f0", "f1", "f2", "f3", "f4", "f5", "f6", "f7", "f8.id", "f9"}
