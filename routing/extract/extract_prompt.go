@@ -36,32 +36,21 @@ func (w *promptWriter) newLine() {
 	w.lines++
 }
 
-// roleLine begins the line role + ":" (role is raw JSON; not a string: empty).
-func (w *promptWriter) roleLine(role string) {
-	w.newLine()
-	if jsonscan.IsString(role) {
-		if text, ok := plainShortString(role); ok {
-			w.buf = append(w.buf, text...) // the usual role: no call to decode it
-		} else {
-			w.buf, _ = jsonscan.AppendString(w.buf, role, 0)
-		}
+// roleLine begins the line role + ":" (role is raw JSON; not a string: empty). plain
+// says role is a string whose text is its bytes (jsonscan.StringEnd).
+func (w *promptWriter) roleLine(role string, plain bool) {
+	buf := w.buf // appended to locally: w.buf is stored once
+	if w.lines > 0 {
+		buf = append(buf, '\n')
 	}
-	w.buf = append(w.buf, ':')
-}
-
-// plainShortString returns the text of the raw JSON string raw when it is closed, at
-// most 16 bytes long and holds no escape: its text is then its bytes.
-func plainShortString(raw string) (string, bool) {
-	if len(raw) < 2 || len(raw) > 18 || raw[len(raw)-1] != '"' {
-		return "", false
+	w.lines++
+	switch {
+	case plain:
+		buf = append(buf, role[1:len(role)-1]...) // the usual role: no call to decode it
+	case jsonscan.IsString(role):
+		buf, _ = jsonscan.AppendString(buf, role, 0)
 	}
-	text := raw[1 : len(raw)-1]
-	for i := 0; i < len(text); i++ {
-		if text[i] == '\\' || text[i] == '"' {
-			return "", false
-		}
-	}
-	return text, true
+	w.buf = append(buf, ':')
 }
 
 // appendRaw appends raw JSON, which is hashed but is not text.
@@ -92,6 +81,7 @@ func (w *promptWriter) chat(s string, v int) (end int, err error) {
 // message is what reading a message object (or a responses input item) found.
 type message struct {
 	role, content, toolCalls string // raw JSON; "" means absent
+	plainRole                bool   // role is a string whose text is its bytes
 	inPlace                  bool   // the line was appended as the content was met
 	end                      int    // just past the object
 }
@@ -110,12 +100,15 @@ func (w *promptWriter) readMessage(s string, m int) message {
 			return msg
 		}
 		switch {
+		case k == "role" && msg.role == "" && s[v] == '"':
+			i, msg.plainRole = jsonscan.StringEnd(s, v)
+			msg.role = s[v:i]
 		case k == "role" && msg.role == "":
 			i = jsonscan.ValueEnd(s, v, &w.odd)
 			msg.role = s[v:i]
 		case k == "content" && !contentSeen && msg.role != "" && (s[v] == '"' || s[v] == '['):
 			contentSeen, msg.inPlace = true, true
-			w.roleLine(msg.role)
+			w.roleLine(msg.role, msg.plainRole)
 			i = w.content(s, v)
 		case k == "content" && !contentSeen:
 			contentSeen = true
@@ -136,10 +129,10 @@ func (w *promptWriter) chatMessage(s string, m int) (end int, err error) {
 	switch {
 	case msg.inPlace:
 	case jsonscan.IsString(msg.content) || jsonscan.IsArray(msg.content):
-		w.roleLine(msg.role)
+		w.roleLine(msg.role, msg.plainRole)
 		w.content(msg.content, 0)
 	case msg.content == "" || msg.content == "null":
-		w.roleLine(msg.role)
+		w.roleLine(msg.role, msg.plainRole)
 	default:
 		return 0, errContent
 	}
@@ -156,7 +149,7 @@ func (w *promptWriter) inputItem(s string, p int) (end int) {
 	switch {
 	case msg.inPlace:
 	case jsonscan.IsString(msg.content) || jsonscan.IsArray(msg.content):
-		w.roleLine(msg.role)
+		w.roleLine(msg.role, msg.plainRole)
 		w.content(msg.content, 0)
 	default:
 		w.newLine()
@@ -335,13 +328,13 @@ func (w *promptWriter) responses(instructions, input string) error {
 	switch {
 	case instructions == "" || instructions == "null":
 	case jsonscan.IsString(instructions):
-		w.roleLine(`"` + instructionsRole + `"`)
+		w.roleLine(`"`+instructionsRole+`"`, true)
 		w.buf, _ = jsonscan.AppendString(w.buf, instructions, 0)
 	default:
 		return errInstructions
 	}
 	if jsonscan.IsString(input) {
-		w.roleLine(`"` + stringInputRole + `"`)
+		w.roleLine(`"`+stringInputRole+`"`, true)
 		w.buf, _ = jsonscan.AppendString(w.buf, input, 0)
 		return nil
 	}

@@ -202,6 +202,21 @@ func bracketEnd(s string, i int) int {
 	return len(s)
 }
 
+// StringEnd returns where the string that starts at s[i] == '"' ends, as ValueEnd
+// does, and whether it is plain: closed and without escapes, so that its text is
+// s[i+1:end-1].
+func StringEnd(s string, i int) (end int, plain bool) {
+	if j := i + 1; j+8 <= len(s) { // as stringEnd opens, for want of inlining it
+		if m := quoteOrEscapeMask(load64(s, j)); m != 0 {
+			if q := j + bits.TrailingZeros64(m)>>3; s[q] == '"' {
+				return q + 1, true
+			}
+		}
+	}
+	end, escaped := stringEnd(s, i)
+	return end, !escaped && end-1 > i && s[end-1] == '"'
+}
+
 // stringEnd returns the index just past the closing quote of the string that starts
 // at s[i] == '"', or len(s) if it is not closed, and whether the string holds an
 // escape. A backslash escapes the byte after it, so a quote closes the string exactly

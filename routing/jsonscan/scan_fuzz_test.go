@@ -68,10 +68,14 @@ func FuzzScan(f *testing.F) {
 			if s[i] == '"' {
 				// The walk decodes some strings and skips others: both must agree on
 				// where every string ends.
-				_, end := AppendString(nil, s, i)
+				text, end := AppendString(nil, s, i)
 				e, escaped := stringEnd(s, i)
 				if end != e {
 					t.Fatalf("AppendString(%q, %d) ends at %d, stringEnd at %d", s, i, end, e)
+				}
+				closed := e-1 > i && s[e-1] == '"' && !escaped
+				if e2, plain := StringEnd(s, i); e2 != e || plain != closed || plain && string(text) != s[i+1:e-1] {
+					t.Fatalf("StringEnd(%q, %d) = %d, %v; stringEnd %d, escaped %v", s, i, e2, plain, e, escaped)
 				}
 				if want := strings.IndexByte(s[i:e], '\\') >= 0; escaped != want {
 					t.Fatalf("stringEnd(%q, %d) says escaped %v", s, i, escaped)
