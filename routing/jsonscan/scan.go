@@ -339,21 +339,21 @@ func quoteOrEscape(s string, i int) int {
 	for ; i+64 <= len(s); i += 64 {
 		w := s[i : i+64]
 		x := load64(w, 0)
-		m := (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		m := ((x ^ swarQuotes - swarOnes) | (x ^ swarEscapes - swarOnes)) &^ x
 		x = load64(w, 8)
-		m |= (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		m |= ((x ^ swarQuotes - swarOnes) | (x ^ swarEscapes - swarOnes)) &^ x
 		x = load64(w, 16)
-		m |= (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		m |= ((x ^ swarQuotes - swarOnes) | (x ^ swarEscapes - swarOnes)) &^ x
 		x = load64(w, 24)
-		m |= (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		m |= ((x ^ swarQuotes - swarOnes) | (x ^ swarEscapes - swarOnes)) &^ x
 		x = load64(w, 32)
-		m |= (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		m |= ((x ^ swarQuotes - swarOnes) | (x ^ swarEscapes - swarOnes)) &^ x
 		x = load64(w, 40)
-		m |= (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		m |= ((x ^ swarQuotes - swarOnes) | (x ^ swarEscapes - swarOnes)) &^ x
 		x = load64(w, 48)
-		m |= (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		m |= ((x ^ swarQuotes - swarOnes) | (x ^ swarEscapes - swarOnes)) &^ x
 		x = load64(w, 56)
-		m |= (x^swarQuotes-swarOnes)&^(x^swarQuotes) | (x^swarEscapes-swarOnes)&^(x^swarEscapes)
+		m |= ((x ^ swarQuotes - swarOnes) | (x ^ swarEscapes - swarOnes)) &^ x
 		if m&swarHigh != 0 { // as quoteOrEscapeMask of any of the words
 			break // the word loop below finds which byte
 		}
@@ -380,11 +380,12 @@ const (
 
 // quoteOrEscapeMask has the high bit set in the byte lanes of w that hold '"' or '\\'
 // — exactly at the lowest such lane; lanes above it may be set spuriously, which
-// callers never look at.
+// callers never look at. A lane of w^swarQuotes (or w^swarEscapes) less one has its
+// high bit set when the lane was zero, or when w's lane has its high bit set: both
+// constants are ASCII. So the lanes w holds ASCII in, &^w, are exact, up to the
+// lowest zero lane, where the first borrow is.
 func quoteOrEscapeMask(w uint64) uint64 {
-	q := w ^ swarQuotes
-	b := w ^ swarEscapes
-	return ((q-swarOnes)&^q | (b-swarOnes)&^b) & swarHigh
+	return ((w ^ swarQuotes - swarOnes) | (w ^ swarEscapes - swarOnes)) &^ w & swarHigh
 }
 
 // load64 reads s[i:i+8] little-endian; the compiler makes it one 64-bit load.

@@ -7,11 +7,13 @@ import (
 
 // quoteOrEscape reads short strings a word at a time and long ones 64 bytes a step:
 // a quote or a backslash is found at every position of every step, from any start.
+// The filler holds bytes one bit from a quote or a backslash, and non-ASCII bytes
+// ('"' and '\\' with the high bit set among them).
 func TestQuoteOrEscapeFindsEveryPosition(t *testing.T) {
 	for _, c := range []byte{'"', '\\'} {
 		for n := 0; n <= 200; n += 7 {
 			for p := 0; p < n; p++ {
-				b := []byte(strings.Repeat("a", n))
+				b := []byte(strings.Repeat("a#!\x00[]\xa2\xdc\xff\x80\x7f2^", n))[:n]
 				b[p] = c
 				s := string(b)
 				for _, start := range []int{0, 1, 5, 8, 17, p} {
