@@ -82,18 +82,11 @@ const (
 //
 // In wasm a jump between basic blocks goes through the function's dispatcher and
 // moves every live local, so the loops are shaped for few jumps and few live values:
-// the checkpoints' positions are listed first, then one pass hashes up to each.
+// the checkpoints' positions are copied in first, then one pass hashes up to each.
 func hashStripes(seed uint64, prompt []byte, blockBytes, n int, dst []Checkpoint) []Checkpoint {
-	// The grid points below n, then n (missing only if n is beyond any prompt that
-	// fits in memory).
-	dst = dst[:0]
-	for _, k := range &checkpointGrid {
-		if k >= n {
-			dst = append(dst, Checkpoint{Pos: n})
-			break
-		}
-		dst = append(dst, Checkpoint{Pos: k})
-	}
+	// The grid points below n, then n.
+	dst = append(dst[:0], gridCheckpoints[:gridPointsBelow(n)]...)
+	dst = append(dst, Checkpoint{Pos: n})
 	v1, v2, v3, v4 := seed+xxPrime1+xxPrime2, seed+xxPrime2, seed, seed-xxPrime1
 	p := 0
 	for i := range dst {
@@ -137,8 +130,7 @@ func hashStripes(seed uint64, prompt []byte, blockBytes, n int, dst []Checkpoint
 }
 
 // checkpointGrid is every grid point in order, up to 2^40 blocks (16 up to 16, then 8
-// an octave), so the hash loop walks a table instead of computing the next point (a
-// call a checkpoint in wasm).
+// an octave).
 var checkpointGrid = func() (g [16 + 8*(40-4)]int) {
 	k := 0
 	for i := range g {
@@ -147,6 +139,29 @@ var checkpointGrid = func() (g [16 + 8*(40-4)]int) {
 	}
 	return g
 }()
+
+// gridCheckpoints is checkpointGrid as checkpoints, copied in one move into a
+// prompt's list rather than appended one at a time (a jump back each in wasm).
+var gridCheckpoints = func() (g [len(checkpointGrid)]Checkpoint) {
+	for i, k := range checkpointGrid {
+		g[i].Pos = k
+	}
+	return g
+}()
+
+// gridPointsBelow is how many grid points are below n (at most len(checkpointGrid)):
+// every k up to 16, then 8 an octave.
+func gridPointsBelow(n int) int {
+	m := n - 1 // the largest block count counted
+	if m <= 16 {
+		return max(m, 0)
+	}
+	// m's octave is [2^l, 2^(l+1)); its points are 2^l + j·2^(l-3), j < 8, after the
+	// 15 below 16 and 8 in each octave from 16 on.
+	l := bits.Len(uint(m)) - 1
+	inOctave := (m-1<<l)>>(l-3) + 1
+	return min(15+8*(l-4)+inOctave, len(checkpointGrid))
+}
 
 func xxRound(acc, input uint64) uint64 {
 	acc += input * xxPrime2

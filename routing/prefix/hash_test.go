@@ -50,6 +50,29 @@ func TestHashStripesMatchesXXHashDigestAtEveryLength(t *testing.T) {
 	}
 }
 
+// gridPointsBelow counts the grid as walking it does, on both sides of every grid
+// point and far into the grid.
+func TestGridPointsBelowCountsTheGrid(t *testing.T) {
+	below := func(n int) int {
+		c := 0
+		for _, k := range checkpointGrid {
+			if k < n {
+				c++
+			}
+		}
+		return c
+	}
+	for n := -1; n <= 1<<12; n++ {
+		require.Equal(t, below(n), gridPointsBelow(n), n)
+	}
+	for _, k := range checkpointGrid {
+		for _, n := range []int{k - 1, k, k + 1} {
+			require.Equal(t, below(n), gridPointsBelow(n), n)
+		}
+	}
+	require.Equal(t, len(checkpointGrid), gridPointsBelow(1<<50))
+}
+
 func TestCheckpointGridIsEveryGridPoint(t *testing.T) {
 	var want []int
 	for k := 1; k <= 1<<12; k++ {
