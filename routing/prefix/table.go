@@ -91,14 +91,21 @@ func (t *prefixTable) record(cps []Checkpoint, target, clock, refresh uint32) []
 		t.news = make([]uint64, len(cps))
 	}
 	news, n := t.news[:len(cps)], 0
+	// Kept in locals: the loop's stores to entries would otherwise have every
+	// iteration load them from t again.
+	entries, sets := t.entries, t.sets
 	stamp := t.clock
 	for _, cp := range cps {
 		stamp++
 		if stamp == 0 { // wrapped: stamps restart, ordering is approximate for a moment
 			stamp = 1
 		}
-		e := t.slot(cp.Hash)
-		if e != nil && e.stamp != 0 && e.targets[0] == target {
+		// Most records repeat a prefix on the target that holds it first, in the first
+		// way of its set (a table far from full): that path is tested first, as one
+		// condition, since in wasm every branch taken costs a pass through the
+		// function's dispatcher. It is what slot would find: the first way of the hash.
+		set := (cp.Hash >> 32) * sets >> 32 // as in set
+		if e := &entries[set*prefixWays]; e.hash == cp.Hash && e.stamp != 0 && e.targets[0] == target {
 			e.stamp = stamp
 			// Crossing a multiple of refresh is news: peers then hear of a prefix in
 			// use at least once every refresh of clock.
@@ -107,8 +114,8 @@ func (t *prefixTable) record(cps []Checkpoint, target, clock, refresh uint32) []
 			if refresh == 0 || clock/refresh == old/refresh {
 				continue
 			}
-		} else {
-			t.place(e, cp.Hash, target, clock, stamp)
+		} else if !t.recordSlot(cp.Hash, target, clock, refresh, stamp) {
+			continue
 		}
 		news[n] = cp.Hash
 		n++
@@ -117,15 +124,22 @@ func (t *prefixTable) record(cps []Checkpoint, target, clock, refresh uint32) []
 	return news[:n]
 }
 
-// place records target as the most recent holder of hash at stamp, on e: its entry,
-// or the empty way a new hash takes, or nil for a full set without it, where the way
-// least recently written takes it. It is out of line: a miss or a new first target is
-// rare, and the record loop keeps fewer live values without it.
-func (t *prefixTable) place(e *prefixEntry, hash uint64, target, clock, stamp uint32) {
+// recordSlot is record's step for one hash at stamp off its common path, out of
+// line (the record loop keeps fewer live values without it): it makes target the
+// most recent holder of hash on its entry, or on the empty way a new hash takes, or,
+// in a full set without it, on the way least recently written. It reports whether
+// that is news.
+func (t *prefixTable) recordSlot(hash uint64, target, clock, refresh, stamp uint32) bool {
+	e := t.slot(hash)
 	if e != nil && e.stamp != 0 {
 		e.stamp = stamp
-		promoteTarget(e, target, clock)
-		return
+		if e.targets[0] != target {
+			promoteTarget(e, target, clock)
+			return true
+		}
+		old := e.clocks[0]
+		e.clocks[0] = clock
+		return refresh != 0 && clock/refresh != old/refresh
 	}
 	if e == nil {
 		set := t.set(hash)
@@ -139,6 +153,7 @@ func (t *prefixTable) place(e *prefixEntry, hash uint64, target, clock, stamp ui
 	}
 	*e = prefixEntry{hash: hash, targets: [prefixTargetsPerEntry]uint32{target},
 		clocks: [prefixTargetsPerEntry]uint32{clock}, stamp: stamp}
+	return true
 }
 
 // promoteTarget puts target first with its clock, keeping the others in order
