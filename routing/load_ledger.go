@@ -101,9 +101,16 @@ type Load struct {
 // now: Prefill less what the target has computed since the queue was last known to
 // be all ahead, at its observed rate; Prefill itself when no rate has been seen.
 func (l *Load) PrefillAhead(nowMS int64) int64 {
-	if l.RateMS <= 0 || l.Since <= 0 || l.Prefill <= 0 {
+	// One test rather than three: each a jump in wasm.
+	if min(l.RateMS, l.Since, l.Prefill) <= 0 {
 		return l.Prefill
 	}
+	return l.prefillLeft(nowMS)
+}
+
+// prefillLeft is PrefillAhead with a rate to go by, out of line so that the common
+// answer (nothing queued, or no rate seen) is inlined where it is asked.
+func (l *Load) prefillLeft(nowMS int64) int64 {
 	done := float64(max(0, nowMS-l.Since)) * float64(l.RateTokens) / float64(l.RateMS)
 	return max(0, l.Prefill-int64(math.Min(done, float64(l.Prefill))))
 }
