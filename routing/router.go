@@ -48,6 +48,7 @@ type poolState struct {
 	viewLoads    []Load
 	viewAhead    []int64
 	viewEligible []int
+	everyTarget  []int // 0, 1, …: the view's eligible targets when every one is (read only)
 	candBuf      []int
 	byID32       targetIndex         // low 32 bits of a target id → index, as the prefix index keeps them
 	matchedBuf   []int               // per target index: matched blocks of the request being decided
@@ -120,6 +121,10 @@ func (ps *poolState) setTargets(eps []config.Endpoint) {
 	ps.viewLoads = make([]Load, n)
 	ps.viewAhead = make([]int64, n)
 	ps.viewEligible = make([]int, 0, n)
+	ps.everyTarget = make([]int, n)
+	for i := range ps.everyTarget {
+		ps.everyTarget[i] = i
+	}
 	ps.candBuf = make([]int, 0, n)
 	ps.endpointFP = ps.endpointFP[:0]
 	for _, e := range eps {
@@ -158,39 +163,53 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	if err != nil {
 		return nil, err
 	}
-	ts := p.targets.Targets
-	// A VM decides one request at a time: the pool's view reuses its buffers.
-	v := &p.view
-	*v = poolView{pool: p, loads: p.viewLoads, ahead: p.viewAhead, eligible: p.viewEligible[:0]}
-	clear(v.loads)
-	if err := p.ledger.LoadsInto(nowMS, p.targets.Index, v.loads); err != nil {
+	// A VM decides one request at a time: the pool's view reuses its buffers, filled
+	// through locals (in wasm each store to a field of the view goes to the heap).
+	loads, ahead := p.viewLoads, p.viewAhead
+	clear(loads)
+	if err := p.ledger.LoadsInto(nowMS, p.targets.Index, loads); err != nil {
 		return nil, err
 	}
-	rankOK := func(t *Target) bool { return rank == NoRank || t.Rank == rank }
-	for i := range ts {
-		// In wasm a map lookup is a call even on a nil map, and the set is nil unless
-		// an endpoint is ejected.
-		if rankOK(&ts[i]) && (ejected == nil || !ejected[p.endpointFP[ts[i].Endpoint]]) {
-			v.eligible = append(v.eligible, i)
-		}
+	// Without a rank asked for or an endpoint ejected every target is eligible: no
+	// loop of tests, each a few jumps through the dispatcher in wasm.
+	eligible := p.everyTarget
+	if rank != NoRank || ejected != nil {
+		eligible = p.eligibleTargets(rank, ejected)
 	}
-	if len(v.eligible) == 0 { // health never fails a request closed
-		for i := range ts {
-			if rankOK(&ts[i]) {
-				v.eligible = append(v.eligible, i)
-			}
-		}
-	}
+	v := &p.view
+	*v = poolView{pool: p, loads: loads, ahead: ahead, eligible: eligible}
 	if p.engine != nil {
 		r.addEngineLoad(p, v, nowMS)
 	}
-	for _, i := range v.eligible {
-		v.total.Requests += v.loads[i].Requests
-		v.total.Tokens += v.loads[i].Tokens
-		v.ahead[i] = v.loads[i].PrefillAhead(nowMS)
+	var total Load
+	for _, i := range eligible {
+		total.Requests += loads[i].Requests
+		total.Tokens += loads[i].Tokens
+		ahead[i] = loads[i].PrefillAhead(nowMS)
 	}
-	v.cap = fairShareCap(r.cfg.Balance.FairShareMultiplier, v.total.Requests, len(v.eligible))
+	v.total = total
+	v.cap = fairShareCap(r.cfg.Balance.FairShareMultiplier, total.Requests, len(eligible))
 	return v, nil
+}
+
+// eligibleTargets is the targets of rank (any with NoRank) whose endpoint is not
+// ejected; if none, every target of rank, since health never fails a request closed.
+func (p *poolState) eligibleTargets(rank int, ejected map[uint64]bool) []int {
+	ts := p.targets.Targets
+	eligible := p.viewEligible[:0]
+	for i := range ts {
+		if (rank == NoRank || ts[i].Rank == rank) && !ejected[p.endpointFP[ts[i].Endpoint]] {
+			eligible = append(eligible, i)
+		}
+	}
+	if len(eligible) == 0 {
+		for i := range ts {
+			if rank == NoRank || ts[i].Rank == rank {
+				eligible = append(eligible, i)
+			}
+		}
+	}
+	return eligible
 }
 
 // engineReadMS is how often a VM re-reads the engine board.

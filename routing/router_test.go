@@ -157,3 +157,30 @@ func TestTrustedClientRankRestrictsTargets(t *testing.T) {
 	}
 	assert.Greater(t, len(seen), 1)
 }
+
+// Without a rank or an ejection a view's eligible targets are the list every target
+// is in, shared by the views: what the test of each gives, through a change of the
+// pool's endpoints, and never written by a decision.
+func TestViewWithoutRankOrEjectionHasEveryTarget(t *testing.T) {
+	cfg := testConfig(t, "")
+	r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	p := r.decode
+	check := func() {
+		t.Helper()
+		v, err := r.view(p, NoRank, 1e6)
+		require.NoError(t, err)
+		require.Equal(t, p.eligibleTargets(NoRank, nil), v.eligible)
+		for i, e := range p.everyTarget {
+			require.Equal(t, i, e)
+		}
+	}
+	check()
+	for i := 0; i < 50; i++ {
+		r.Decide(&extract.Request{Tokens: 10 + i, Identity: uint64(i)}, NoRank)
+	}
+	check()
+	eps := append(cfg.Pools.Decode.Endpoints, config.Endpoint{Address: "10.0.0.9:8000", DPSize: 2})
+	p.setTargets(eps)
+	check()
+	require.Len(t, p.everyTarget, 5)
+}
