@@ -109,7 +109,11 @@ func (w *promptWriter) readMessage(s string, m int) message {
 		case k == "content" && !contentSeen && msg.role != "" && (s[v] == '"' || s[v] == '['):
 			contentSeen, msg.inPlace = true, true
 			w.roleLine(msg.role, msg.plainRole)
-			i = w.content(s, v)
+			if s[v] == '"' { // as content reads it, one call the fewer for the usual message
+				w.buf, i = jsonscan.AppendString(w.buf, s, v)
+			} else {
+				i = w.content(s, v)
+			}
 		case k == "content" && !contentSeen:
 			contentSeen = true
 			i = jsonscan.ValueEnd(s, v, &w.odd)
