@@ -10,30 +10,22 @@ type headerRole struct {
 	conversation  int   // index into conversation.headers, or -1
 }
 
-// headerRoles finds a header name's role by its length first: most headers a request
-// carries have no role, and most have a length no role has, so a header costs one
-// table read and at most a comparison or two — not one against every name the
-// filter knows (a dozen string comparisons a header were a sizeable part of reading
-// the headers in wasm).
+// headerRoles finds a header name's role: a request looks up each header it carries,
+// and most have no role.
 type headerRoles struct {
-	byLen [64][]headerRole
-	long  []headerRole // names of 64 bytes or more
+	names nameTable    // name → index into roles
+	roles []headerRole // by index
 }
 
 func newHeaderRoles(owned []string, conversation []string, conversationOn bool) *headerRoles {
 	h := &headerRoles{}
 	role := func(name string) *headerRole {
-		list := &h.long
-		if len(name) < len(h.byLen) {
-			list = &h.byLen[len(name)]
+		if i := h.names.find(name); i >= 0 {
+			return &h.roles[i]
 		}
-		for i := range *list {
-			if (*list)[i].name == name {
-				return &(*list)[i]
-			}
-		}
-		*list = append(*list, headerRole{name: name, conversation: -1})
-		return &(*list)[len(*list)-1]
+		h.names.add(name, len(h.roles))
+		h.roles = append(h.roles, headerRole{name: name, conversation: -1})
+		return &h.roles[len(h.roles)-1]
 	}
 	role(":method").method = true
 	role(":path").path = true
@@ -55,14 +47,8 @@ func newHeaderRoles(owned []string, conversation []string, conversationOn bool) 
 
 // of returns the role of a header name, or nil.
 func (h *headerRoles) of(name string) *headerRole {
-	list := h.long
-	if len(name) < len(h.byLen) {
-		list = h.byLen[len(name)]
-	}
-	for i := range list {
-		if list[i].name == name {
-			return &list[i]
-		}
+	if i := h.names.find(name); i >= 0 {
+		return &h.roles[i]
 	}
 	return nil
 }

@@ -61,7 +61,8 @@ func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (ac
 	action = types.ActionContinue
 	defer c.plugin.recoverFailOpen("request headers", func() { action = types.ActionContinue })
 	h := c.readRequestHeaders()
-	api, ok := c.plugin.routes[h.path]
+	route := c.plugin.routes.find(h.path)
+	api, ok := extract.API(route), route >= 0
 	if ok && h.method == "GET" && h.path == catalogueRoute && c.answerCatalogue() {
 		return types.ActionPause
 	}

@@ -18,8 +18,8 @@ type pluginContext struct {
 	fleets  *routing.Fleets
 	router  *routing.Router // the default fleet's: the top-level pools
 	metrics *metrics
-	routes  map[string]extract.API
-	owned   []string // owned header names, stripped from every request
+	routes  nameTable // route path → its extract.API
+	owned   []string  // owned header names, stripped from every request
 	roles   *headerRoles
 
 	extractOpt  extract.ExtractOptions
@@ -65,9 +65,9 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	p.metrics.models = defineModelMetrics(p.fleets.Models)
 	p.scrapeLease = engine.NewScrapeLease(shareddata.Store{}, cfg.State.Namespace, cfg.State.MaxCASRetries)
 	p.initDiscovery()
-	p.routes = map[string]extract.API{}
+	p.routes = nameTable{}
 	for _, r := range cfg.Routes {
-		p.routes[r] = extract.APIForPath(r)
+		p.routes.add(r, int(extract.APIForPath(r)))
 	}
 	h := cfg.Headers
 	for _, name := range []string{h.Destination, h.DPRank, h.PrefillDestination, h.PrefillDPRank, h.Decision, h.Model} {
