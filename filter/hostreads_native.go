@@ -3,6 +3,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"time"
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
@@ -13,9 +14,25 @@ import (
 
 func wallClockMS() int64 { return time.Now().UnixMilli() }
 
-func requestHeaders() headerPairs {
+// requestHeaderMap serializes the SDK's headers as the host's
+// proxy_get_header_map_pairs does, for readRequestHeaders.
+func requestHeaderMap() []byte {
 	hs, _ := proxywasm.GetHttpRequestHeaders()
-	return headerPairs{pairs: hs}
+	return serializeHeaderMap(hs)
+}
+
+// serializeHeaderMap is the ABI's serialized header map of hs: a count, the lengths
+// of each name and value, then the names and values, each followed by a NUL.
+func serializeHeaderMap(hs [][2]string) []byte {
+	m := binary.LittleEndian.AppendUint32(nil, uint32(len(hs)))
+	for _, h := range hs {
+		m = binary.LittleEndian.AppendUint32(m, uint32(len(h[0])))
+		m = binary.LittleEndian.AppendUint32(m, uint32(len(h[1])))
+	}
+	for _, h := range hs {
+		m = append(append(append(append(m, h[0]...), 0), h[1]...), 0)
+	}
+	return m
 }
 
 func responseStatus() string {
@@ -29,17 +46,4 @@ func requestBody(size int) []byte {
 		return nil
 	}
 	return b
-}
-
-type headerPairs struct {
-	pairs [][2]string
-	i     int
-}
-
-func (h *headerPairs) next() (name, value string, ok bool) {
-	if h.i >= len(h.pairs) {
-		return "", "", false
-	}
-	h.i++
-	return h.pairs[h.i-1][0], h.pairs[h.i-1][1], true
 }

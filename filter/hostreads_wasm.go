@@ -3,7 +3,6 @@
 package main
 
 import (
-	"encoding/binary"
 	"time"
 	"unsafe"
 )
@@ -58,13 +57,14 @@ func wallClockMS() int64 {
 	return int64(hostClock / millisecond)
 }
 
-// requestHeaders returns the request's headers, read with one host call.
-func requestHeaders() headerPairs {
+// requestHeaderMap returns the request's headers as the ABI's serialized map, read
+// with one host call (readRequestHeaders walks it).
+func requestHeaderMap() []byte {
 	hostData, hostSize = nil, 0
 	if hostGetHeaderMapPairs(mapRequestHeaders, unsafe.Pointer(&hostData), &hostSize) != statusOK {
-		return headerPairs{}
+		return nil
 	}
-	return newHeaderPairs(hostBytes())
+	return hostBytes()
 }
 
 // responseStatus returns the response's :status.
@@ -85,48 +85,4 @@ func requestBody(size int) []byte {
 		return nil
 	}
 	return hostBytes()
-}
-
-// headerPairs walks the ABI's serialized header map in place: a count, the lengths
-// of each name and value, then the names and values, each followed by a NUL. The
-// strings it yields point into the host's buffer; nothing is copied.
-type headerPairs struct {
-	buf         []byte
-	left        int
-	sizes, data int
-}
-
-func newHeaderPairs(buf []byte) headerPairs {
-	if len(buf) < 4 {
-		return headerPairs{}
-	}
-	n := int(binary.LittleEndian.Uint32(buf))
-	if n < 0 || 4+8*n > len(buf) {
-		return headerPairs{}
-	}
-	return headerPairs{buf: buf, left: n, sizes: 4, data: 4 + 8*n}
-}
-
-// next returns the next header; ok is false after the last (or on a malformed map).
-func (h *headerPairs) next() (name, value string, ok bool) {
-	if h.left <= 0 {
-		return "", "", false
-	}
-	h.left--
-	nl := int(binary.LittleEndian.Uint32(h.buf[h.sizes:]))
-	vl := int(binary.LittleEndian.Uint32(h.buf[h.sizes+4:]))
-	h.sizes += 8
-	if nl < 0 || vl < 0 || h.data+nl+1+vl > len(h.buf) {
-		h.left = 0
-		return "", "", false
-	}
-	if nl > 0 {
-		name = unsafe.String(&h.buf[h.data], nl)
-	}
-	h.data += nl + 1
-	if vl > 0 {
-		value = unsafe.String(&h.buf[h.data], vl)
-	}
-	h.data += vl + 1
-	return name, value, true
 }

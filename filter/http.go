@@ -1,9 +1,11 @@
 package main
 
 import (
+	"encoding/binary"
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/kvroute/kvroute/routing"
 	"github.com/kvroute/kvroute/routing/extract"
@@ -60,20 +62,21 @@ func (p phase) decided() bool { return p >= phaseDecided }
 func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (action types.Action) {
 	action = types.ActionContinue
 	defer c.plugin.recoverFailOpen("request headers", func() { action = types.ActionContinue })
-	h := c.readRequestHeaders()
-	route := c.plugin.routes.find(h.path)
+	h := c.readRequestHeaders(requestHeaderMap())
+	route := c.plugin.routes.find(h.values[headPath])
 	api, ok := extract.API(route), route >= 0
-	if ok && h.method == "GET" && h.path == catalogueRoute && c.answerCatalogue() {
+	method := h.values[headMethod]
+	if ok && method == "GET" && h.values[headPath] == catalogueRoute && c.answerCatalogue() {
 		return types.ActionPause
 	}
-	if h.method != "POST" || !ok {
+	if method != "POST" || !ok {
 		return types.ActionContinue
 	}
 	c.phase, c.api = phaseAwaitingBody, api
 	if h.conversation != "" {
 		c.req.Conversation, c.req.HasConversation = hashx.FingerprintString(h.conversation), true
 	}
-	if c.decidedByHeaders(h.contentLength, endOfStream) {
+	if c.decidedByHeaders(h.values[headContentLength], endOfStream) {
 		c.decide(nil)
 		return types.ActionContinue
 	}
@@ -83,59 +86,73 @@ func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (ac
 
 // requestHead is what the request headers tell before the route is known.
 type requestHead struct {
-	method, path  string // path without its query
-	conversation  string // the first configured conversation header sent, "" if none
-	contentLength string
+	values       [headFields]string // by headField; the path without its query
+	conversation string             // the first configured conversation header sent, "" if none
+	convRank     int                // conversation's rank in conversation.headers
+	stripped     uint32             // bit i: owned header i was sent and is removed
 }
 
-// readRequestHeaders reads every request header with one host call, looks at each
-// once, takes the request id and a trusted client's DP rank, and strips the headers
-// kvroute owns so that no client can spoof them.
-func (c *httpContext) readRequestHeaders() requestHead {
+// readRequestHeaders reads the request headers (their serialized map, in one host
+// call), looks at each once, takes the request id and a trusted client's DP rank, and
+// strips the headers kvroute owns so that no client can spoof them.
+//
+// It walks the ABI's serialized map in place — a count, the lengths of each name and
+// value, then the names and values, each followed by a NUL — and stops at the first
+// pair that does not fit. The strings point into the host's buffer. In wasm each
+// jump and each call is dear, so the common header is a lookup and a store: the
+// value goes to the field its role names (none for most), and only owned and
+// conversation headers go out of line.
+func (c *httpContext) readRequestHeaders(m []byte) requestHead {
 	p := c.plugin
-	cfg := &p.cfg
-	headers := requestHeaders()
-	var h requestHead
-	convRank := len(cfg.Conversation.Headers)
-	var stripped uint32 // bit i: owned header i was sent and is removed
-	for {
-		name, value, ok := headers.next()
-		if !ok {
+	h := requestHead{convRank: len(p.cfg.Conversation.Headers)}
+	if len(m) < 4 {
+		return h
+	}
+	n := int(binary.LittleEndian.Uint32(m))
+	if 4+8*n > len(m) {
+		return h
+	}
+	sizes, data := m[4:4+8*n], m[4+8*n:]
+	for ; len(sizes) >= 8; sizes = sizes[8:] {
+		nl := int(binary.LittleEndian.Uint32(sizes))
+		vl := int(binary.LittleEndian.Uint32(sizes[4:8]))
+		if nl+1+vl > len(data) {
 			break
 		}
+		name := unsafe.String(unsafe.SliceData(data), nl)
+		value := unsafe.String(unsafe.SliceData(data[nl+1:]), vl)
+		data = data[min(nl+1+vl+1, len(data)):]
 		r := p.roles.of(name)
-		if r == nil {
-			continue
-		}
-		switch {
-		case r.method:
-			h.method = value
-		case r.path:
-			h.path = value
-		case r.requestID:
-			c.requestID = value
-		case r.contentLength:
-			h.contentLength = value
-		}
-		for _, i := range r.owned {
-			if stripped&(1<<i) == 0 && name == cfg.Headers.DPRank && cfg.TrustClientDPRank {
-				if r, err := strconv.Atoi(strings.TrimSpace(value)); err == nil && r >= 0 {
-					c.clientRank = r
-				}
-			}
-			stripped |= 1 << i
-			// Once per line: Envoy drops every line of the name at the first call, but
-			// a host that drops one at a time must not leave a spoofed copy behind.
-			_ = proxywasm.RemoveHttpRequestHeader(name)
-		}
-		if r.conversation >= 0 && r.conversation < convRank && value != "" {
-			h.conversation, convRank = value, r.conversation // first configured header wins
+		h.values[r.field] = value
+		if r.special {
+			c.specialHeader(&h, r, name, value)
 		}
 	}
-	if i := strings.IndexByte(h.path, '?'); i >= 0 {
-		h.path = h.path[:i]
+	c.requestID = h.values[headRequestID]
+	if i := strings.IndexByte(h.values[headPath], '?'); i >= 0 {
+		h.values[headPath] = h.values[headPath][:i]
 	}
 	return h
+}
+
+// specialHeader takes an owned header (stripped, and a trusted client's DP rank read
+// from it) or a conversation header (the first configured one sent wins).
+func (c *httpContext) specialHeader(h *requestHead, r *headerRole, name, value string) {
+	cfg := &c.plugin.cfg
+	for _, i := range r.owned {
+		if h.stripped&(1<<i) == 0 && name == cfg.Headers.DPRank && cfg.TrustClientDPRank {
+			if r, err := strconv.Atoi(strings.TrimSpace(value)); err == nil && r >= 0 {
+				c.clientRank = r
+			}
+		}
+		h.stripped |= 1 << i
+		// Once per line: Envoy drops every line of the name at the first call, but
+		// a host that drops one at a time must not leave a spoofed copy behind.
+		_ = proxywasm.RemoveHttpRequestHeader(name)
+	}
+	if r.conversation >= 0 && r.conversation < h.convRank && value != "" {
+		h.conversation, h.convRank = value, r.conversation
+	}
 }
 
 // decidedByHeaders says whether a routed request is decided without its body: it has
