@@ -20,6 +20,7 @@ type ExtractOptions struct {
 
 	heads    []string // the first step of each body field's path, once Prepared
 	headLens uint64   // bodyFields.lens of heads, once Prepared
+	headGets bool     // bodyFields.gets of heads, once Prepared
 }
 
 // Prepared returns the options with the body-field paths worked out once, for a
@@ -31,7 +32,7 @@ func (opt ExtractOptions) Prepared() ExtractOptions {
 	}
 	var f bodyFields
 	f.prepare(opt)
-	opt.headLens = f.lens
+	opt.headLens, opt.headGets = f.lens, f.gets
 	return opt
 }
 
@@ -148,7 +149,7 @@ func Extract(api API, body []byte, opt ExtractOptions, req *Request) error {
 	req.BlockBytes, req.Tokens = w.estimate(max(opt.CharsPerToken, 1), max(opt.BlockTokens, 1))
 	req.Model = modelName(top.model)
 	req.Stream = top.stream == "true"
-	if fields != nil {
+	if fields != nil && (fields.kept > 0 || fields.gets) { // else no path can hold an id
 		if id, ok := fields.conversationID(json, opt.BodyFields); ok {
 			req.Conversation = hashx.FingerprintString(id)
 			req.HasConversation = true
@@ -292,6 +293,8 @@ type bodyFields struct {
 	val  [fastBodyFields]string // raw JSON of the member named head; "" when absent
 	n    int                    // the paths in head
 	lens uint64                 // bit min(len(head[i]), 63) set for each non-empty head
+	kept int                    // the values in val
+	gets bool                   // some path needs gjson.Get over the body
 }
 
 // prepare sets the first step of each fast path.
@@ -301,14 +304,16 @@ func (f *bodyFields) prepare(opt ExtractOptions) {
 		for i := 0; i < f.n; i++ {
 			f.head[i] = opt.heads[i]
 		}
-		f.lens = opt.headLens
+		f.lens, f.gets = opt.headLens, opt.headGets
 		return
 	}
+	f.gets = len(opt.BodyFields) > fastBodyFields
 	for i := 0; i < f.n; i++ {
 		f.head[i] = simpleHead(opt.BodyFields[i])
 		if f.head[i] != "" {
 			f.lens |= 1 << min(len(f.head[i]), 63)
 		}
+		f.gets = f.gets || f.head[i] == ""
 	}
 }
 
@@ -327,6 +332,7 @@ func (f *bodyFields) keep(key, raw string) {
 			continue
 		}
 		f.val[i] = raw
+		f.kept++
 	}
 }
 
