@@ -141,7 +141,8 @@ func Extract(api API, body []byte, opt ExtractOptions, req *Request) error {
 		fields.prepare(opt)
 	}
 	w := promptWriter{buf: req.Prompt}
-	top, err := readPrompt(api, json, root, &w, fields)
+	var top topLevel
+	err := readPrompt(api, json, root, &w, fields, &top)
 	req.Prompt = w.buf
 	if err != nil {
 		return fail(req, err)
@@ -160,17 +161,17 @@ func Extract(api API, body []byte, opt ExtractOptions, req *Request) error {
 
 // readPrompt walks the body's top-level object at json[root] (readTopLevel), checks its
 // shape, and completes the prompt for api.
-func readPrompt(api API, json string, root int, w *promptWriter, fields *bodyFields) (topLevel, error) {
-	top, err := readTopLevel(api, json, root, w, fields)
+func readPrompt(api API, json string, root int, w *promptWriter, fields *bodyFields, top *topLevel) error {
+	err := readTopLevel(api, json, root, w, fields, top)
 	// The walk checks the shape of what it reads; a body it cannot vouch for (one it
 	// stopped reading early, or found odd) gets the whole-body check.
 	if !top.shaped && !jsonscan.ShapeOK(json) {
-		return top, errNotJSON
+		return errNotJSON
 	}
 	if err != nil {
-		return top, err
+		return err
 	}
-	return top, w.finish(api, &top)
+	return w.finish(api, top)
 }
 
 // finish completes the prompt for api after the walk over the top-level object.
@@ -197,20 +198,19 @@ type topLevel struct {
 	shaped                             bool   // the walk vouches for the body's shape (jsonscan.ShapeOK)
 }
 
-// readTopLevel walks the members of the object at json[root] once. The chat messages
-// or completions prompt is appended to w where it is met; the members read later are
-// kept as raw JSON, and so are the members body fields start with (fields, when not
-// nil), so that looking for a conversation id never rescans the body. Responses input
-// is appended after the walk, as "instructions" may follow it. The walk is shaped
-// when it reads to the object's end without meeting anything odd, and only white
-// space follows the object.
-func readTopLevel(api API, json string, root int, w *promptWriter, fields *bodyFields) (topLevel, error) {
-	var top topLevel
+// readTopLevel walks the members of the object at json[root] once, into top. The chat
+// messages or completions prompt is appended to w where it is met; the members read
+// later are kept as raw JSON, and so are the members body fields start with (fields,
+// when not nil), so that looking for a conversation id never rescans the body.
+// Responses input is appended after the walk, as "instructions" may follow it. The
+// walk is shaped when it reads to the object's end without meeting anything odd, and
+// only white space follows the object.
+func readTopLevel(api API, json string, root int, w *promptWriter, fields *bodyFields, top *topLevel) error {
 	for i := root + 1; ; {
 		k, v, end := jsonscan.MemberAt(json, i, &w.odd)
 		if v < 0 {
 			top.shaped = !w.odd && jsonscan.SkipSpace(json, end) == len(json)
-			return top, nil
+			return nil
 		}
 		var e int
 		var err error
@@ -227,7 +227,7 @@ func readTopLevel(api API, json string, root int, w *promptWriter, fields *bodyF
 			e = jsonscan.ValueEnd(json, v, &w.odd)
 		}
 		if err != nil {
-			return top, err
+			return err
 		}
 		top.keep(k, json[v:e])
 		if fields != nil {

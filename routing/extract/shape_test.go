@@ -54,7 +54,8 @@ func checkWalkShape(t *testing.T, api API, body string) {
 
 	// The walk, then the whole-body check.
 	var w promptWriter
-	top, walkErr := readTopLevel(api, body, root, &w, nil)
+	var top topLevel
+	walkErr := readTopLevel(api, body, root, &w, nil, &top)
 	shapeOK := jsonscan.ShapeOK(body)
 	if top.shaped && !shapeOK {
 		t.Fatalf("api %d: the walk vouches for the shape of %q, which ShapeOK refuses", api, body)
