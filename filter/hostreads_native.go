@@ -40,6 +40,10 @@ func responseStatus() string {
 	return s
 }
 
+func replaceRequestHeader(name, value string) {
+	_ = proxywasm.ReplaceHttpRequestHeader(name, value)
+}
+
 func requestBody(size int) []byte {
 	b, err := proxywasm.GetHttpRequestBody(0, size)
 	if err != nil {

@@ -8,9 +8,10 @@ import (
 )
 
 // The three reads every routed request makes — its headers, its body, the response
-// status — go to the host directly rather than through the SDK's wrappers, which
-// allocate their out-parameters and a slice of pairs on every call (a quarter of the
-// guest's allocations a request). The host still allocates the returned bytes through
+// status — and its header writes go to the host directly rather than through the
+// SDK's wrappers, which allocate their out-parameters and a slice of pairs on every
+// call (a quarter of the guest's allocations a request) and turn every status into
+// an error. The host still allocates the returned bytes through
 // the SDK's proxy_on_memory_allocate, as the ABI requires.
 
 //go:wasmimport env proxy_get_header_map_pairs
@@ -18,6 +19,9 @@ func hostGetHeaderMapPairs(mapType int32, returnData unsafe.Pointer, returnSize 
 
 //go:wasmimport env proxy_get_header_map_value
 func hostGetHeaderMapValue(mapType int32, keyData *byte, keySize int32, returnData unsafe.Pointer, returnSize *int32) int32
+
+//go:wasmimport env proxy_replace_header_map_value
+func hostReplaceHeaderMapValue(mapType int32, keyData *byte, keySize int32, valueData *byte, valueSize int32) int32
 
 //go:wasmimport env proxy_get_buffer_bytes
 func hostGetBufferBytes(bufferType int32, start int32, maxSize int32, returnData unsafe.Pointer, returnSize *int32) int32
@@ -76,6 +80,20 @@ func responseStatus() string {
 	}
 	b := hostBytes()
 	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// replaceRequestHeader sets a request header (every line of it) to value. Its status
+// goes unread, as every caller would ignore it.
+func replaceRequestHeader(name, value string) {
+	hostReplaceHeaderMapValue(mapRequestHeaders, stringData(name), int32(len(name)), stringData(value), int32(len(value)))
+}
+
+// stringData is s's bytes for the host: nil for "", as the SDK passes.
+func stringData(s string) *byte {
+	if s == "" {
+		return nil
+	}
+	return unsafe.StringData(s)
 }
 
 // requestBody returns the buffered request body.

@@ -243,15 +243,15 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 	}
 	h := &cfg.Headers
 	if d.Target.Address != "" { // "": the pool has no endpoint, Envoy picks
-		_ = proxywasm.ReplaceHttpRequestHeader(h.Destination, d.Target.Address)
+		replaceRequestHeader(h.Destination, d.Target.Address)
 	}
 	if d.Target.DPSize > 1 {
-		_ = proxywasm.ReplaceHttpRequestHeader(h.DPRank, d.Target.RankText)
+		replaceRequestHeader(h.DPRank, d.Target.RankText)
 	}
 	c.body = body
 	wait = c.startPD(body)
 	if h.Decision != "" {
-		_ = proxywasm.ReplaceHttpRequestHeader(h.Decision, d.Header())
+		replaceRequestHeader(h.Decision, d.Header())
 	}
 	if !wait {
 		c.body = nil

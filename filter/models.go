@@ -32,7 +32,7 @@ func (c *httpContext) pickFleet() bool {
 	if f.Index >= 0 {
 		p.metrics.models[f.Index].requests.add()
 		if h := p.cfg.Headers.Model; h != "" {
-			_ = proxywasm.ReplaceHttpRequestHeader(h, f.Name)
+			replaceRequestHeader(h, f.Name)
 		}
 	}
 	return true

@@ -131,7 +131,7 @@ func (c *httpContext) dispatchPrefill(body []byte) bool {
 func (c *httpContext) requestIdentity() string {
 	if c.requestID == "" {
 		c.requestID = "kvroute-" + strconv.FormatUint(c.req.Identity, 16)
-		_ = proxywasm.ReplaceHttpRequestHeader("x-request-id", c.requestID)
+		replaceRequestHeader("x-request-id", c.requestID)
 	}
 	return c.requestID
 }
@@ -199,14 +199,14 @@ func (c *httpContext) prefillFailed() {
 	c.releasePrefill()
 	c.decision.PD = routing.PDDirect
 	if h := c.plugin.cfg.Headers.Decision; h != "" {
-		_ = proxywasm.ReplaceHttpRequestHeader(h, c.decision.Header())
+		replaceRequestHeader(h, c.decision.Header())
 	}
 }
 
 // replaceBody swaps the buffered request body and keeps content-length true to it.
 func (c *httpContext) replaceBody(body []byte) {
 	_ = proxywasm.ReplaceHttpRequestBody(body)
-	_ = proxywasm.ReplaceHttpRequestHeader("content-length", strconv.Itoa(len(body)))
+	replaceRequestHeader("content-length", strconv.Itoa(len(body)))
 }
 
 // releasePrefill hands the prefill load back, once.

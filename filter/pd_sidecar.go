@@ -1,7 +1,5 @@
 package main
 
-import "github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
-
 // sidecarMode names the prefill target in headers and leaves the prefill to a sidecar
 // beside the decoder (the llm-d convention); the body is not touched.
 type sidecarMode struct{}
@@ -11,9 +9,9 @@ func (sidecarMode) inline() bool { return false }
 func (sidecarMode) start(c *httpContext, _ []byte) bool {
 	h := &c.plugin.cfg.Headers
 	d := &c.decision
-	_ = proxywasm.ReplaceHttpRequestHeader(h.PrefillDestination, d.Prefill.Address)
+	replaceRequestHeader(h.PrefillDestination, d.Prefill.Address)
 	if d.Prefill.DPSize > 1 {
-		_ = proxywasm.ReplaceHttpRequestHeader(h.PrefillDPRank, d.Prefill.RankText)
+		replaceRequestHeader(h.PrefillDPRank, d.Prefill.RankText)
 	}
 	return false
 }
