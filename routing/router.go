@@ -360,7 +360,15 @@ func (r *Router) cheapestFrom(v *poolView, cands []int, req *extract.Request, ma
 		return -1
 	}
 	reqTokens := float64(req.Tokens)
-	denom := math.Max(math.Max(float64(v.total.Tokens), reqTokens), 1)
+	// math.Max of the three, written out: it is a call in wasm (as is max of floats),
+	// and neither NaN nor -0 can occur here.
+	denom := float64(v.total.Tokens)
+	if reqTokens > denom {
+		denom = reqTokens
+	}
+	if denom < 1 {
+		denom = 1
+	}
 	w := r.cfg.Balance.LoadWeight
 	best, bestCost := -1, 0.0
 	ts := v.pool.targets.Targets
