@@ -919,7 +919,11 @@ func (r *Router) ReportHealth(t Target, prefill bool, failed bool) (bool, error)
 	if t.Address == "" {
 		return false, nil // a pass-through decision: no target served
 	}
-	return p.health.Report(hashx.FingerprintString(t.Address), failed, r.now())
+	fp := t.EndpointFP // taken when the target was made: hashing costs more
+	if fp == 0 {
+		fp = hashx.FingerprintString(t.Address) // a Target made by hand
+	}
+	return p.health.Report(fp, failed, r.now())
 }
 
 // cacheClocks is prefix.target_cache_tokens in write-clock units (blocks); 0 when

@@ -184,3 +184,20 @@ func TestViewWithoutRankOrEjectionHasEveryTarget(t *testing.T) {
 	check()
 	require.Len(t, p.everyTarget, 5)
 }
+
+// A target carries its endpoint's health key, and a report on a target made by hand
+// (without it) reaches the same endpoint.
+func TestTargetsCarryTheirEndpointsHealthKey(t *testing.T) {
+	cfg := testConfig(t, `,"health":{"failure_threshold":2}`)
+	r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	for _, tg := range r.DecodeTargets() {
+		require.Equal(t, hashx.FingerprintString(tg.Address), tg.EndpointFP, tg.Address)
+	}
+	tg := r.DecodeTargets()[1]
+	ejected, err := r.ReportHealth(tg, false, true)
+	require.NoError(t, err)
+	require.False(t, ejected)
+	ejected, err = r.ReportHealth(Target{Address: tg.Address}, false, true)
+	require.NoError(t, err)
+	require.True(t, ejected, "the second failure of one endpoint")
+}

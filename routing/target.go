@@ -24,6 +24,7 @@ type Target struct {
 	RankText      string // Rank in decimal, ready for a header
 	BootstrapPort int    // sglang prefill endpoints
 	Endpoint      int    // index of its endpoint in the pool, for per-endpoint health
+	EndpointFP    uint64 // hashx.FingerprintString(Address): the endpoint's key on the health board
 }
 
 // TargetID is the stable identity of (address, rank).
@@ -69,6 +70,7 @@ func NewPoolTargets(p config.Pool) *PoolTargets {
 				RankText:      strconv.Itoa(worker),
 				BootstrapPort: bp,
 				Endpoint:      i,
+				EndpointFP:    hashx.FingerprintString(e.Address),
 			}
 			pt.Targets = append(pt.Targets, t)
 		}
