@@ -56,7 +56,7 @@ func TestReadRequestHeadersWalksTheSerializedMap(t *testing.T) {
 	read := func(m []byte) (requestHead, string) {
 		c := &httpContext{plugin: p}
 		h := c.readRequestHeaders(m)
-		return h, c.requestID
+		return *h, c.requestID
 	}
 	hs := [][2]string{{":method", "POST"}, {":path", "/v1/chat/completions?x=1"}, {":authority", ""},
 		{"x-chat-id", "b"}, {"content-length", "4096"}, {"x-request-id", "r1"}, {"", ""},

@@ -28,6 +28,7 @@ type httpContext struct {
 	req        extract.Request  // what the router is told about the request
 	decision   routing.Decision // the router's answer, with the load tickets to hand back
 	body       []byte           // the buffered body, kept while an inline prefill runs
+	head       requestHead      // what the headers told (a local would be zeroed by memory.fill)
 
 	unparsable      bool // the body failed open: routed by load, forwarded untouched
 	answered        bool // the filter answered the client itself (a 404, a prefill's reply)
@@ -93,8 +94,8 @@ type requestHead struct {
 }
 
 // readRequestHeaders reads the request headers (their serialized map, in one host
-// call), looks at each once, takes the request id and a trusted client's DP rank, and
-// strips the headers kvroute owns so that no client can spoof them.
+// call) into c.head, looks at each once, takes the request id and a trusted client's
+// DP rank, and strips the headers kvroute owns so that no client can spoof them.
 //
 // It walks the ABI's serialized map in place — a count, the lengths of each name and
 // value, then the names and values, each followed by a NUL — and stops at the first
@@ -102,9 +103,10 @@ type requestHead struct {
 // jump and each call is dear, so the common header is a lookup and a store: the
 // value goes to the field its role names (none for most), and only owned and
 // conversation headers go out of line.
-func (c *httpContext) readRequestHeaders(m []byte) requestHead {
+func (c *httpContext) readRequestHeaders(m []byte) *requestHead {
 	p := c.plugin
-	h := requestHead{convRank: len(p.cfg.Conversation.Headers)}
+	h := &c.head
+	h.convRank = len(p.cfg.Conversation.Headers)
 	if len(m) < 4 {
 		return h
 	}
@@ -125,7 +127,7 @@ func (c *httpContext) readRequestHeaders(m []byte) requestHead {
 		r := p.roles.of(name)
 		h.values[r.field] = value
 		if r.special {
-			c.specialHeader(&h, r, name, value)
+			c.specialHeader(h, r, name, value)
 		}
 	}
 	c.requestID = h.values[headRequestID]
