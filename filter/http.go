@@ -250,7 +250,7 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 	if !c.pickFleet() {
 		return true // answered 404: nothing goes upstream
 	}
-	c.decision = c.fleet.Router.Decide(&c.req, c.clientRank)
+	c.fleet.Router.DecideInto(&c.decision, &c.req, c.clientRank) // still zero: decide runs once
 	d := &c.decision
 	m := p.metrics
 	m.requestsRouted.add()

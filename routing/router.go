@@ -25,6 +25,8 @@ type Router struct {
 	// cpBuf is reused for each request's checkpoints (a Router serves one VM, one
 	// request at a time).
 	cpBuf []prefix.Checkpoint
+	// prompt is the decode pool's prefix view of the request being decided, reused.
+	prompt prompt
 }
 
 // poolState is one pool's targets and the shared records kept for it.
@@ -453,10 +455,21 @@ type prompt struct {
 // rank header's numbering (a target's Rank), and one no target has is ignored. It
 // never fails: when shared state does, it decides without it (decision fallback).
 func (r *Router) Decide(req *extract.Request, rank int) Decision {
+	var d Decision
+	r.DecideInto(&d, req, rank)
+	return d
+}
+
+// DecideInto is Decide writing into d, which must be zero (a new request's). The
+// decision is written in place, field by field: in wasm a struct of more than 16
+// bytes is copied, and one of more than 32 zeroed, by a call to the host (wazero
+// fills by doubling copies), and passing a decision by value takes dozens.
+func (r *Router) DecideInto(d *Decision, req *extract.Request, rank int) {
 	nowMS := r.now()
 	r.applyDiscovered()
 	if len(r.decode.targets.Targets) == 0 {
-		return Decision{Kind: KindFallback} // no endpoint: Envoy's own balancing picks
+		d.Kind = KindFallback // no endpoint: Envoy's own balancing picks
+		return
 	}
 	// Estimates come from client-controlled sizes: bound them so ledger sums can't wrap.
 	req.Tokens = max(0, min(req.Tokens, MaxRequestTokens))
@@ -469,40 +482,29 @@ func (r *Router) Decide(req *extract.Request, rank int) Decision {
 		r.cpBuf, blocks = prefix.HashCheckpoints(req.Model, req.Prompt, req.BlockBytes, r.cpBuf)
 		cps = r.cpBuf
 	}
-	pr := &prompt{cps: cps, blocks: blocks}
-	var d Decision
-	c, err := r.choose(r.decode, req, pr, rank, nowMS)
+	pr := &r.prompt // a VM decides one request at a time
+	pr.cps, pr.blocks, pr.matched, pr.search, pr.complete = cps, blocks, nil, nil, false
+	kind, matched, failed, err := r.choose(r.decode, req, pr, rank, nowMS, &d.Target, &d.Ticket)
 	if err != nil {
-		d = r.fallback(r.decode, req, rank)
+		*d = r.fallback(r.decode, req, rank)
 	} else {
-		d = Decision{Kind: c.kind, Target: c.target, Ticket: c.ticket, StateFailed: c.stateFailed,
-			MatchedTokens: c.matched}
+		d.Kind, d.StateFailed, d.MatchedTokens = kind, failed, matched
 	}
 	if r.cfg.Disaggregation.Mode == config.ModeOff {
-		return d
+		return
 	}
 	d.PD = PDDirect
-	if len(r.prefill.targets.Targets) == 0 || !r.disaggregate(req, &d) {
-		return d
+	if len(r.prefill.targets.Targets) == 0 || !r.disaggregate(req, d) {
+		return
 	}
-	pc, err := r.choose(r.prefill, req, &prompt{cps: cps, blocks: blocks}, NoRank, nowMS)
+	_, matched, failed, err = r.choose(r.prefill, req, &prompt{cps: cps, blocks: blocks}, NoRank, nowMS,
+		&d.Prefill, &d.PrefillTicket)
 	if err != nil {
 		// No prefill state: still disaggregate, on a stateless choice.
-		f := r.fallback(r.prefill, req, NoRank)
-		pc = chosen{target: f.Target, stateFailed: true}
+		d.Prefill, matched, failed = r.fallback(r.prefill, req, NoRank).Target, 0, true
 	}
-	d.PD, d.Prefill, d.PrefillTicket, d.MatchedTokens = PDDisaggregated, pc.target, pc.ticket, pc.matched
-	d.StateFailed = d.StateFailed || pc.stateFailed
-	return d
-}
-
-// chosen is one pool's outcome of a decision.
-type chosen struct {
-	kind        Kind
-	target      Target
-	ticket      LoadTicket
-	stateFailed bool // the prefix record or the load update failed
-	matched     int  // tokens of the request the target held before it was recorded there
+	d.PD, d.MatchedTokens = PDDisaggregated, matched
+	d.StateFailed = d.StateFailed || failed
 }
 
 // disaggregate classifies a request for P/D: at least threshold_tokens estimated prompt
@@ -520,37 +522,38 @@ func (r *Router) disaggregate(req *extract.Request, d *Decision) bool {
 }
 
 // choose decides over one pool (docs/behaviour.md, The decision): place the request,
-// record its prefix against the chosen target and add its load. An error means shared
-// state failed before a choice could be made; a failed record or load update is reported
-// in stateFailed.
-func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int, nowMS int64) (chosen, error) {
+// record its prefix against the chosen target and add its load. It writes the target
+// and the load ticket to target and ticket, and returns how it placed the request,
+// the tokens of the request the target held before it was recorded there, and
+// whether the prefix record or the load update failed. An error means shared state
+// failed before a choice could be made (nothing is written).
+func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int, nowMS int64,
+	target *Target, ticket *LoadTicket) (kind Kind, matched int, failed bool, err error) {
 	v, err := r.view(p, rank, nowMS)
 	if err != nil {
-		return chosen{}, err
+		return 0, 0, false, err
 	}
 	var choice int
-	var kind Kind
 	if req.HasConversation && r.cfg.Conversation.Enabled {
 		if choice, kind, err = r.placeConversation(v, req, pr); err != nil {
-			return chosen{}, err
+			return 0, 0, false, err
 		}
 	} else {
 		choice, kind = r.placeByPrefix(v, req, pr)
 	}
-	c := chosen{kind: kind, target: p.targets.Targets[choice]}
+	*target = p.targets.Targets[choice]
+	id := target.ID
 	uncached := int64(req.Tokens)
 	if len(pr.cps) > 0 {
-		c.matched = r.matchedOn(v, req, pr, choice)
-		uncached -= min(int64(c.matched), uncached)
+		matched = r.matchedOn(v, req, pr, choice)
+		uncached -= min(int64(matched), uncached)
 		bt := int64(max(1, r.cfg.Prefix.BlockTokens))
-		p.index.Record(pr.cps, c.target.ID, uint32((v.loads[choice].Written+uncached)/bt), r.cacheClocks()/8)
+		p.index.Record(pr.cps, id, uint32((v.loads[choice].Written+uncached)/bt), r.cacheClocks()/8)
 	}
 	since := v.loads[choice].SinceAfterSend(nowMS)
-	c.ticket, err = p.ledger.AcquireQueued(c.target.ID, int64(req.Tokens), uncached, since, nowMS)
-	if err != nil { // the load is held in the batch all the same
-		c.stateFailed = true
-	}
-	return c, nil
+	*ticket, err = p.ledger.AcquireQueued(id, int64(req.Tokens), uncached, since, nowMS)
+	// An error leaves the load held in the batch all the same.
+	return kind, matched, err != nil, nil
 }
 
 // matchedOn is the tokens of the request that target choice holds, looked up before
