@@ -155,7 +155,7 @@ type poolView struct {
 	eligible []int   // indices into pool.targets.Targets, endpoint-first
 	loads    []Load  // per index of pool.targets.Targets
 	ahead    []int64 // per index: queued prefill estimated ahead of this request (eligible only)
-	total    Load    // over the eligible targets
+	total    Load    // over the eligible targets: Requests and Tokens only
 	cap      int64
 }
 
@@ -178,19 +178,21 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	if rank != NoRank || ejected != nil {
 		eligible = p.eligibleTargets(rank, ejected)
 	}
+	// Field by field, as a struct literal would be zeroed and copied by host calls
+	// in wasm; the total's other fields stay zero.
 	v := &p.view
-	*v = poolView{pool: p, loads: loads, ahead: ahead, eligible: eligible}
+	v.pool, v.loads, v.ahead, v.eligible = p, loads, ahead, eligible
 	if p.engine != nil {
 		r.addEngineLoad(p, v, nowMS)
 	}
-	var total Load
+	var requests, tokens int64
 	for _, i := range eligible {
-		total.Requests += loads[i].Requests
-		total.Tokens += loads[i].Tokens
+		requests += loads[i].Requests
+		tokens += loads[i].Tokens
 		ahead[i] = loads[i].PrefillAhead(nowMS)
 	}
-	v.total = total
-	v.cap = fairShareCap(r.cfg.Balance.FairShareMultiplier, total.Requests, len(eligible))
+	v.total.Requests, v.total.Tokens = requests, tokens
+	v.cap = fairShareCap(r.cfg.Balance.FairShareMultiplier, requests, len(eligible))
 	return v, nil
 }
 

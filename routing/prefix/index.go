@@ -74,9 +74,12 @@ func (x *PrefixIndex) StartMatch(cps []Checkpoint, known func(uint32) bool) *Pre
 // recorded a prefix no longer holds it (its cache has taken in more than it holds
 // since; an LRU cache has evicted the prefix unless something else kept it warm).
 func (x *PrefixIndex) StartMatchLive(cps []Checkpoint, known func(uint32) bool, clockOf func(uint32) uint32, capacity uint32) *PrefixSearch {
-	x.search = PrefixSearch{x: x, cps: cps, known: known, hi: len(cps), found: x.search.found[:0],
-		clockOf: clockOf, capacity: capacity}
-	return &x.search
+	// Field by field: in wasm a struct literal is zeroed and copied by host calls.
+	// ids, state and now need no reset: only their first nids count.
+	m := &x.search
+	m.x, m.cps, m.known, m.hi, m.rounds, m.found = x, cps, known, len(cps), 0, m.found[:0]
+	m.nids, m.clockOf, m.capacity, m.lastNow = 0, clockOf, capacity, 0
+	return m
 }
 
 // PrefixSearch is a lookup in progress (see StartMatch).

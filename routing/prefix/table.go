@@ -151,8 +151,10 @@ func (t *prefixTable) recordSlot(hash uint64, target, clock, refresh, stamp uint
 		}
 		e = &set[victim]
 	}
-	*e = prefixEntry{hash: hash, targets: [prefixTargetsPerEntry]uint32{target},
-		clocks: [prefixTargetsPerEntry]uint32{clock}, stamp: stamp}
+	// Field by field: in wasm a struct literal is zeroed by a host call.
+	e.hash, e.stamp = hash, stamp
+	e.targets = [prefixTargetsPerEntry]uint32{target}
+	e.clocks = [prefixTargetsPerEntry]uint32{clock}
 	return true
 }
 
