@@ -60,6 +60,10 @@ type poolState struct {
 	known        func(uint32) bool   // whether the prefix index's 32-bit id is a target here
 	clockOf      func(uint32) uint32 // a target's write clock in the view, in blocks
 	syncLoads    []Load              // the ledger read on the tick, for the index's clocks
+	// Zero, per target index, copied to clear the per-target buffers: in wasm a copy
+	// is one host call, a clear one per doubling of the length.
+	zeroLoads []Load
+	zeroInts  []int
 
 	disc *poolDiscovery // nil for a static pool
 }
@@ -121,6 +125,8 @@ func (ps *poolState) setTargets(eps []config.Endpoint) {
 	ps.waitBuf = make([]int64, n)
 	ps.soonBuf = make([]int, 0, n)
 	ps.viewLoads = make([]Load, n)
+	ps.zeroLoads = make([]Load, n)
+	ps.zeroInts = make([]int, n)
 	ps.viewAhead = make([]int64, n)
 	ps.viewEligible = make([]int, 0, n)
 	ps.everyTarget = make([]int, n)
@@ -168,7 +174,7 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	// A VM decides one request at a time: the pool's view reuses its buffers, filled
 	// through locals (in wasm each store to a field of the view goes to the heap).
 	loads, ahead := p.viewLoads, p.viewAhead
-	clear(loads)
+	copy(loads, p.zeroLoads)
 	if err := p.ledger.LoadsInto(nowMS, p.targets.Index, loads); err != nil {
 		return nil, err
 	}
@@ -614,7 +620,7 @@ func (r *Router) lookupDeepest(v *poolView, pr *prompt) {
 
 func (r *Router) fillMatched(p *poolState, pr *prompt) {
 	pr.matched = p.matchedBuf // a VM decides one request at a time
-	clear(pr.matched)
+	copy(pr.matched, p.zeroInts)
 	for _, m := range pr.search.Found() {
 		pr.matched[p.byID32.get(uint64(m.Target))] = m.Blocks
 	}
@@ -628,7 +634,7 @@ func (r *Router) matchedTokens(v *poolView, req *extract.Request, pr *prompt, ca
 		return nil
 	}
 	out := v.pool.tokensBuf
-	clear(out)
+	copy(out, v.pool.zeroInts)
 	best := 0
 	for _, i := range cands {
 		out[i] = min(pr.matched[i]*r.cfg.Prefix.BlockTokens, req.Tokens)
