@@ -389,7 +389,7 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []le
 
 // note records a change in the VM's batch, merged with one to the same slot, and
 // writes the batch when it is full (only then is the clock read).
-func (l *LoadLedger) note(d ledgerDelta, nowMS func() int64) error {
+func (l *LoadLedger) note(d *ledgerDelta, nowMS func() int64) error {
 	merged := false
 	for i := range l.pending {
 		if p := &l.pending[i]; p.target == d.target && p.epoch == d.epoch {
@@ -406,7 +406,7 @@ func (l *LoadLedger) note(d ledgerDelta, nowMS func() int64) error {
 		}
 	}
 	if !merged {
-		l.pending = append(l.pending, d)
+		l.pending = append(l.pending, *d)
 	}
 	if len(l.pending) >= ledgerBatch || l.changes() >= ledgerBatch {
 		return l.Flush(nowMS())
@@ -476,13 +476,26 @@ func (l *LoadLedger) Acquire(target uint64, tokens int64, nowMS int64) (LoadTick
 // and advances the target's write clock by them. since, when not 0, is the target's
 // new Load.Since (Load.SinceAfterSend).
 func (l *LoadLedger) AcquireQueued(target uint64, tokens, prefill, since int64, nowMS int64) (LoadTicket, error) {
+	var t LoadTicket
+	err := l.acquireInto(&t, target, tokens, prefill, since, nowMS)
+	return t, err
+}
+
+// acquireInto is AcquireQueued writing the ticket to t. In wasm a struct of more
+// than 16 bytes is copied, and one of more than 32 zeroed, by host calls: the ticket
+// is written field by field, and the delta's literal names every field, which spares
+// it the zeroing first.
+func (l *LoadLedger) acquireInto(t *LoadTicket, target uint64, tokens, prefill, since int64, nowMS int64) error {
 	epoch := nowMS / l.slotMS
-	d := ledgerDelta{target: target, epoch: epoch, requests: 1, tokens: tokens, prefill: prefill, written: prefill, since: since}
+	prefills := int64(0)
 	if prefill > 0 {
-		d.prefills = 1
+		prefills = 1
 	}
-	err := l.note(d, func() int64 { return nowMS })
-	return LoadTicket{Target: target, Epoch: epoch, Tokens: tokens, Prefill: prefill, SentMS: nowMS, Valid: true}, err
+	d := ledgerDelta{target: target, epoch: epoch, requests: 1, prefills: prefills, tokens: tokens,
+		prefill: prefill, written: prefill, since: since, chunk: 0, rateTok: 0, rateMS: 0}
+	err := l.note(&d, func() int64 { return nowMS })
+	t.Target, t.Epoch, t.Tokens, t.Prefill, t.SentMS, t.Valid = target, epoch, tokens, prefill, nowMS, true
+	return err
 }
 
 // FirstChunk takes the ticket's queued prefill tokens back at nowMS: the prefill is
@@ -507,7 +520,7 @@ func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 	took := max(1, nowMS-max(t.SentMS, prev[0].Chunk))
 	d := ledgerDelta{target: t.Target, epoch: t.Epoch, prefills: -1, prefill: -t.Prefill, since: nowMS, chunk: nowMS, rateTok: t.Prefill, rateMS: took}
 	t.Prefill = 0
-	return l.note(d, func() int64 { return nowMS })
+	return l.note(&d, func() int64 { return nowMS })
 }
 
 // Release takes a ticket's load back from the slot it was added to (its queued
@@ -519,5 +532,5 @@ func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
 	if t.Prefill > 0 {
 		d.prefills = -1
 	}
-	return l.note(d, now)
+	return l.note(&d, now)
 }

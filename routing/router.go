@@ -559,7 +559,7 @@ func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int
 		p.index.Record(pr.cps, id, uint32((v.loads[choice].Written+uncached)/bt), r.cacheClocks()/8)
 	}
 	since := v.loads[choice].SinceAfterSend(nowMS)
-	*ticket, err = p.ledger.AcquireQueued(id, int64(req.Tokens), uncached, since, nowMS)
+	err = p.ledger.acquireInto(ticket, id, int64(req.Tokens), uncached, since, nowMS)
 	// An error leaves the load held in the batch all the same.
 	return kind, matched, err != nil, nil
 }
