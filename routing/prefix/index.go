@@ -78,7 +78,7 @@ func (x *PrefixIndex) StartMatchLive(cps []Checkpoint, known func(uint32) bool, 
 	// ids, state and now need no reset: only their first nids count.
 	m := &x.search
 	m.x, m.cps, m.known, m.hi, m.rounds, m.found = x, cps, known, len(cps), 0, m.found[:0]
-	m.nids, m.clockOf, m.capacity, m.lastNow = 0, clockOf, capacity, 0
+	m.nids, m.clockOf, m.capacity, m.lastNow, m.lastID = 0, clockOf, capacity, 0, 0
 	return m
 }
 
@@ -101,6 +101,11 @@ type PrefixSearch struct {
 	clockOf  func(uint32) uint32 // nil: copies never go stale
 	capacity uint32
 	lastNow  uint32 // the clock of the target fresh last answered for
+	// The target status last answered for and its answer: a search asks of the same
+	// target probe after probe, and this answer is inlined where the cache above
+	// costs a call.
+	lastID    uint32 // 0: none yet (no target is 0)
+	lastState int8
 }
 
 // Found is every match found so far, deepest first.
@@ -117,10 +122,20 @@ func (m *PrefixSearch) holder(t uint32) bool { return m.status(t) > 0 }
 // status is 1 for a known target not found yet, 2 for one found, -1 for an unknown
 // one; it leaves the target's write clock in lastNow.
 func (m *PrefixSearch) status(t uint32) int8 {
+	if t == m.lastID { // lastNow is still t's
+		return m.lastState
+	}
+	return m.lookupStatus(t)
+}
+
+// lookupStatus is status through the cache of ids, else known and clockOf; it
+// keeps its answer as the last.
+func (m *PrefixSearch) lookupStatus(t uint32) int8 {
+	m.lastID = t
 	for i := 0; i < m.nids; i++ {
 		if m.ids[i] == t {
-			m.lastNow = m.now[i]
-			return m.state[i]
+			m.lastNow, m.lastState = m.now[i], m.state[i]
+			return m.lastState
 		}
 	}
 	ok := m.known(t)
@@ -141,10 +156,14 @@ func (m *PrefixSearch) status(t uint32) int8 {
 		m.ids[m.nids], m.state[m.nids], m.now[m.nids] = t, st, m.lastNow
 		m.nids++
 	}
+	m.lastState = st
 	return st
 }
 
 func (m *PrefixSearch) markFound(t uint32) {
+	if t == m.lastID {
+		m.lastState = 2
+	}
 	for i := 0; i < m.nids; i++ {
 		if m.ids[i] == t {
 			m.state[i] = 2
