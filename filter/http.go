@@ -271,7 +271,9 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 		replaceRequestHeader(h.DPRank, d.Target.RankText)
 	}
 	c.body = body
-	wait = c.startPD(body)
+	if d.PD != routing.PDOff || c.pdMode() != nil { // else startPD has nothing to do: spare the call
+		wait = c.startPD(body)
+	}
 	if h.Decision != "" {
 		replaceRequestHeader(h.Decision, d.Header())
 	}
