@@ -249,6 +249,40 @@ func TestHealthEjectsAndRecovers(t *testing.T) {
 	assert.True(t, seen[bad.Address], "after the cooldown the endpoint takes traffic again")
 }
 
+// A VM whose copy of the board is clean answers from it only while it is recent: an
+// ejection another VM made is seen once the copy is older than healthCacheMS, as
+// the read of a board with records is; a success on a clean board writes nothing.
+func TestACleanBoardIsReadAgainWhenOld(t *testing.T) {
+	store, clock := state.NewMemoryStore(), &fakeClock{ms: 1_000_000}
+	cfg := testConfig(t, `,"health":{"failure_threshold":1}`)
+	a, b := NewRouter(cfg, store, clock.now), NewRouter(cfg, store, clock.now)
+	bad := a.DecodeTargets()[0]
+	ej, err := a.ReportHealth(bad, false, false)
+	require.NoError(t, err)
+	require.False(t, ej)
+	_, _, err = store.Get(a.decode.health.key)
+	require.ErrorIs(t, err, state.ErrNotFound, "a success on a clean board writes nothing")
+	d := a.Decide(&extract.Request{Tokens: 5}, NoRank) // a's copy: clean, recent
+	_ = a.Release(d.Ticket)
+
+	ej, err = b.ReportHealth(bad, false, true)
+	require.NoError(t, err)
+	require.True(t, ej)
+	seen := func() bool {
+		for i := 0; i < 12; i++ {
+			d := a.Decide(&extract.Request{Tokens: 5, Identity: uint64(i)}, NoRank)
+			_ = a.Release(d.Ticket)
+			if d.Target.Address == bad.Address {
+				return true
+			}
+		}
+		return false
+	}
+	require.True(t, seen(), "within healthCacheMS a's clean copy stands")
+	clock.ms += healthCacheMS
+	require.False(t, seen(), "then a reads the board again and sees the ejection")
+}
+
 func TestAllEjectedStillRoutes(t *testing.T) {
 	clock := &fakeClock{ms: 1_000_000}
 	cfg := testConfig(t, `,"health":{"failure_threshold":1}`)

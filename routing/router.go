@@ -167,9 +167,12 @@ type poolView struct {
 
 // view reads health and load and works out eligibility and the fair-share cap.
 func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
-	ejected, err := p.health.Ejected(nowMS)
-	if err != nil {
-		return nil, err
+	var ejected map[uint64]bool
+	if !p.health.cleanNow(nowMS) {
+		var err error
+		if ejected, err = p.health.Ejected(nowMS); err != nil {
+			return nil, err
+		}
 	}
 	// A VM decides one request at a time: the pool's view reuses its buffers, filled
 	// through locals (in wasm each store to a field of the view goes to the heap).
@@ -934,7 +937,11 @@ func (r *Router) ReportHealth(t Target, prefill bool, failed bool) (bool, error)
 	if fp == 0 {
 		fp = hashx.FingerprintString(t.Address) // a Target made by hand
 	}
-	return p.health.Report(fp, failed, r.now())
+	now := r.now()
+	if !failed && p.health.cleanNow(now) {
+		return false, nil // what Report answers a success on a clean board
+	}
+	return p.health.Report(fp, failed, now)
 }
 
 // cacheClocks is prefix.target_cache_tokens in write-clock units (blocks); 0 when
