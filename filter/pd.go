@@ -215,6 +215,9 @@ func (c *httpContext) releasePrefill() {
 		return
 	}
 	c.prefillReleased = true
+	if !c.decision.PrefillTicket.Valid { // no prefill leg (nearly every request): nothing to hand back
+		return
+	}
 	if err := c.fleet.Router.ReleasePrefill(c.decision.PrefillTicket); err != nil {
 		c.plugin.metrics.stateConflicts.Increment(1)
 	}

@@ -477,7 +477,9 @@ func (r *Router) Decide(req *extract.Request, rank int) Decision {
 // fills by doubling copies), and passing a decision by value takes dozens.
 func (r *Router) DecideInto(d *Decision, req *extract.Request, rank int) {
 	nowMS := r.now()
-	r.applyDiscovered()
+	if r.decode.disc != nil || r.prefill.disc != nil { // static pools: spare the call
+		r.applyDiscovered()
+	}
 	if len(r.decode.targets.Targets) == 0 {
 		d.Kind = KindFallback // no endpoint: Envoy's own balancing picks
 		return
