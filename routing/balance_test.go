@@ -2,6 +2,7 @@ package routing
 
 import (
 	"fmt"
+	"math/rand"
 	"sync"
 	"testing"
 
@@ -358,4 +359,44 @@ func TestLedgerFlushDropsExpiredSlots(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, swept, 1+ledgerTargetHeader+ledgerSlotBytes, "the expired slot is gone, the live one kept")
 	assert.Equal(t, Load{Requests: 1, Tokens: 7}, ledgerTotal(t, r))
+}
+
+// candidates answers without its loop when no target is at the cap: it must give
+// what the loop gives, whatever the loads and the cap.
+func TestCandidatesAreTheTargetsUnderTheCap(t *testing.T) {
+	for _, multiplier := range []string{"1", "1.5", "2"} {
+		clock := &fakeClock{ms: 1e6}
+		cfg := testConfig(t, `,"balance":{"fair_share_multiplier":`+multiplier+`},"prefix":{"enabled":false}`)
+		r := NewRouter(cfg, state.NewMemoryStore(), clock.now)
+		rng := rand.New(rand.NewSource(9))
+		var open []LoadTicket
+		for step := 0; step < 300; step++ {
+			if len(open) > 0 && rng.Intn(3) == 0 {
+				k := rng.Intn(len(open))
+				require.NoError(t, r.Release(open[k]))
+				open = append(open[:k], open[k+1:]...)
+			} else {
+				tg := r.DecodeTargets()[rng.Intn(len(r.DecodeTargets()))]
+				tk, err := r.decode.ledger.Acquire(tg.ID, 10, clock.ms)
+				require.NoError(t, err)
+				open = append(open, tk)
+			}
+			v, err := r.view(r.decode, NoRank, clock.ms)
+			require.NoError(t, err)
+			var want []int
+			for _, i := range v.eligible {
+				if v.loads[i].Requests < v.cap {
+					want = append(want, i)
+				}
+			}
+			got, capped := v.candidates()
+			if len(want) == 0 {
+				require.True(t, capped, "step %d", step)
+				require.Equal(t, v.eligible, got)
+			} else {
+				require.False(t, capped, "step %d", step)
+				require.Equal(t, want, got, "step %d", step)
+			}
+		}
+	}
 }

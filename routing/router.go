@@ -163,6 +163,7 @@ type poolView struct {
 	ahead    []int64 // per index: queued prefill estimated ahead of this request (eligible only)
 	total    Load    // over the eligible targets: Requests and Tokens only
 	cap      int64
+	busiest  int64 // the most requests an eligible target has
 }
 
 // view reads health and load and works out eligibility and the fair-share cap.
@@ -194,13 +195,14 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	if p.engine != nil {
 		r.addEngineLoad(p, v, nowMS)
 	}
-	var requests, tokens int64
+	var requests, tokens, busiest int64
 	for _, i := range eligible {
 		requests += loads[i].Requests
 		tokens += loads[i].Tokens
+		busiest = max(busiest, loads[i].Requests)
 		ahead[i] = loads[i].PrefillAhead(nowMS)
 	}
-	v.total.Requests, v.total.Tokens = requests, tokens
+	v.total.Requests, v.total.Tokens, v.busiest = requests, tokens, busiest
 	v.cap = fairShareCap(r.cfg.Balance.FairShareMultiplier, requests, len(eligible))
 	return v, nil
 }
@@ -325,6 +327,9 @@ func (v *poolView) position(id uint64) int {
 // candidates are the eligible targets under the cap, or every eligible target when
 // all are at it (capped reports that case: then the least loaded wins).
 func (v *poolView) candidates() (out []int, capped bool) {
+	if v.busiest < v.cap { // none at the cap: every eligible target, without the loop
+		return v.eligible, false
+	}
 	out = v.pool.candBuf[:0]
 	for _, i := range v.eligible {
 		if !v.atCap(i) {
