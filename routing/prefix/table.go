@@ -95,30 +95,38 @@ func (t *prefixTable) record(cps []Checkpoint, target, clock, refresh uint32) []
 	// iteration load them from t again.
 	entries, sets := t.entries, t.sets
 	stamp := t.clock
-	for _, cp := range cps {
-		stamp++
-		if stamp == 0 { // wrapped: stamps restart, ordering is approximate for a moment
-			stamp = 1
-		}
-		// Most records repeat a prefix on the target that holds it first, in the first
-		// way of its set (a table far from full): that path is tested first, as one
-		// condition, since in wasm every branch taken costs a pass through the
-		// function's dispatcher. It is what slot would find: the first way of the hash.
-		set := (cp.Hash >> 32) * sets >> 32 // as in set
-		if e := &entries[set*prefixWays]; e.hash == cp.Hash && e.stamp != 0 && e.targets[0] == target {
+	// Most records repeat a prefix on the target that holds it first, in the first
+	// way of its set (a table far from full): the inner loop takes those alone, with
+	// no call in it, so that in wasm it keeps its values in locals (a call would have
+	// every iteration store them) and takes no jump but its own; it stops at any
+	// other hash, which recordSlot takes before the loop goes on. The first way of
+	// the hash is what slot would find.
+	for i := 0; i < len(cps); i++ {
+		for ; i < len(cps); i++ {
+			h := cps[i].Hash
+			stamp++
+			if stamp == 0 { // wrapped: stamps restart, ordering is approximate for a moment
+				stamp = 1
+			}
+			set := (h >> 32) * sets >> 32 // as in set
+			e := &entries[set*prefixWays]
+			if e.hash != h || e.stamp == 0 || e.targets[0] != target {
+				break
+			}
 			e.stamp = stamp
 			// Crossing a multiple of refresh is news: peers then hear of a prefix in
 			// use at least once every refresh of clock.
 			old := e.clocks[0]
 			e.clocks[0] = clock
-			if refresh == 0 || clock/refresh == old/refresh {
-				continue
+			if refresh != 0 && clock/refresh != old/refresh {
+				news[n] = h
+				n++
 			}
-		} else if !t.recordSlot(cp.Hash, target, clock, refresh, stamp) {
-			continue
 		}
-		news[n] = cp.Hash
-		n++
+		if i < len(cps) && t.recordSlot(cps[i].Hash, target, clock, refresh, stamp) {
+			news[n] = cps[i].Hash
+			n++
+		}
 	}
 	t.clock = stamp
 	return news[:n]
