@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -92,4 +93,91 @@ func TestFailOpenLogIsRateLimited(t *testing.T) {
 	// The callback's fault struck after the prefill's load was handed back (a release
 	// reads no clock): nothing is left over.
 	assert.Equal(t, routing.Load{}, h.poolLoad("prefill"))
+}
+
+// A panic inside each request callback leaves the request going on as it was sent:
+// the callback answers Continue, nothing of a half-made decision reaches the
+// upstream, and the fault is counted and logged with where it struck. As above, only
+// the Go plugin's clock can be made to panic; it is read in each callback here.
+func TestAPanicInEachRequestCallbackFailsOpen(t *testing.T) {
+	saved := nowMS
+	defer func() { nowMS = saved }()
+	goClock = 1_700_000_000_000
+	armed := false
+	nowMS = func() int64 {
+		if armed {
+			armed = false
+			panic("injected fault")
+		}
+		return goClock
+	}
+	failLog = failLimiter{}
+	defer func() { failLog = failLimiter{} }()
+	h := startHost(t, &vmContext{}, `{"pools":{"decode":{"endpoints":[
+		{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"}]}}}`)
+	faults := uint64(0)
+	struck := func(where string) {
+		t.Helper()
+		require.False(t, armed, "%s: the callback read the clock", where)
+		faults++
+		assert.Equal(t, faults, h.counter("kvroute_fail_open"), where)
+		logs := h.GetErrorLogs()
+		require.NotEmpty(t, logs, where)
+		assert.Contains(t, logs[len(logs)-1], "kvroute: recovered in "+where+", failing open: injected fault")
+		goClock += failLogPeriodMS // the next fault's line is not held back
+	}
+	untouched := func(id uint32, sent [][2]string, body string) {
+		t.Helper()
+		assert.Equal(t, sent, h.GetCurrentRequestHeaders(id), "the headers go on as sent")
+		if body != "" {
+			assert.Equal(t, body, string(h.GetCurrentRequestBody(id)), "the body goes on as sent")
+		}
+	}
+	sent := func(n int) [][2]string {
+		return [][2]string{{":method", "POST"}, {":path", "/v1/completions"}, {":authority", "gateway"},
+			{"content-length", strconv.Itoa(n)}}
+	}
+
+	// Request headers: a request without a body is decided on its headers.
+	id := h.InitializeHttpContext()
+	armed = true
+	hs := [][2]string{{":method", "POST"}, {":path", "/v1/completions"}, {":authority", "gateway"}}
+	assert.Equal(t, types.ActionContinue, h.CallOnRequestHeaders(id, hs, true))
+	struck("request headers")
+	untouched(id, hs, "")
+	h.respond(id, 200)
+
+	// Request body.
+	body := `{"prompt":"x"}`
+	id = h.InitializeHttpContext()
+	require.Equal(t, types.ActionPause, h.CallOnRequestHeaders(id, sent(len(body)), false))
+	armed = true
+	assert.Equal(t, types.ActionContinue, h.CallOnRequestBody(id, []byte(body), true))
+	struck("request body")
+	untouched(id, sent(len(body)), body)
+	h.respond(id, 200)
+
+	// Response headers (the health report reads the clock) and the response body (the
+	// first chunk does), each on a routed request.
+	for _, where := range []string{"response headers", "response body"} {
+		id, action := h.send(post("/v1/completions", body))
+		require.Equal(t, types.ActionContinue, action)
+		_, routed := h.header(id, "x-gateway-destination-endpoint")
+		require.True(t, routed)
+		armed = where == "response headers"
+		assert.Equal(t, types.ActionContinue, h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false))
+		armed = armed || where == "response body"
+		assert.Equal(t, types.ActionContinue, h.CallOnResponseBody(id, []byte("{}"), true))
+		struck(where)
+		h.CompleteHttpContext(id)
+	}
+
+	// Stream done: an upstream that failed before any response is reported there.
+	flags := make([]byte, 8)
+	flags[0] = 0x20 // UpstreamConnectionFailure
+	require.NoError(t, h.SetProperty([]string{"response", "flags"}, flags))
+	id, _ = h.send(post("/v1/completions", body))
+	armed = true
+	h.CompleteHttpContext(id)
+	struck("stream done")
 }
