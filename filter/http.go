@@ -62,7 +62,12 @@ func (p phase) decided() bool { return p >= phaseDecided }
 
 func (c *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) (action types.Action) {
 	action = types.ActionContinue
-	defer c.plugin.recoverFailOpen("request headers", func() { action = types.ActionContinue })
+	defer func() {
+		if r := recover(); r != nil { // as recoverFailOpen
+			c.plugin.failedOpen("request headers", r)
+			action = types.ActionContinue
+		}
+	}()
 	h := c.readRequestHeaders(requestHeaderMap())
 	route := c.plugin.routes.find(h.values[headPath])
 	api, ok := extract.API(route), route >= 0
@@ -194,7 +199,12 @@ func parseInt(s string) (int64, bool) {
 
 func (c *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) (action types.Action) {
 	action = types.ActionContinue
-	defer c.plugin.recoverFailOpen("request body", func() { action = types.ActionContinue })
+	defer func() {
+		if r := recover(); r != nil { // as recoverFailOpen
+			c.plugin.failedOpen("request body", r)
+			action = types.ActionContinue
+		}
+	}()
 	if c.phase != phaseAwaitingBody {
 		return types.ActionContinue
 	}
@@ -285,7 +295,12 @@ func (c *httpContext) decide(body []byte) (wait bool) {
 
 func (c *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) (action types.Action) {
 	action = types.ActionContinue
-	defer c.plugin.recoverFailOpen("response headers", func() { action = types.ActionContinue })
+	defer func() {
+		if r := recover(); r != nil { // as recoverFailOpen
+			c.plugin.failedOpen("response headers", r)
+			action = types.ActionContinue
+		}
+	}()
 	if !c.phase.decided() {
 		return types.ActionContinue
 	}
@@ -309,7 +324,12 @@ func (c *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) (action
 	if c.firstChunk || !c.phase.decided() || c.phase == phaseReleased {
 		return types.ActionContinue
 	}
-	defer c.plugin.recoverFailOpen("response body", func() { action = types.ActionContinue })
+	defer func() {
+		if r := recover(); r != nil { // as recoverFailOpen
+			c.plugin.failedOpen("response body", r)
+			action = types.ActionContinue
+		}
+	}()
 	c.firstChunk = true
 	if err := c.fleet.Router.FirstChunk(&c.decision.Ticket); err != nil {
 		c.plugin.metrics.stateConflicts.Increment(1)
@@ -343,7 +363,11 @@ func (c *httpContext) reportHealth(failed bool) {
 }
 
 func (c *httpContext) OnHttpStreamDone() {
-	defer c.plugin.recoverFailOpen("stream done", nil)
+	defer func() {
+		if r := recover(); r != nil { // as recoverFailOpen
+			c.plugin.failedOpen("stream done", r)
+		}
+	}()
 	if !c.phase.decided() {
 		return
 	}

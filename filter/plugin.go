@@ -128,17 +128,25 @@ func (p *pluginContext) OnPluginDone() bool {
 	return true
 }
 
-// recoverFailOpen, deferred by every callback, turns a panic into a counted,
-// logged fail-open; then (if not nil) lets the request go on as it is: a request
-// callback's answer becomes Continue, a prefill callback resumes the request.
+// recoverFailOpen, deferred by the plugin's callbacks and the prefill callback, turns
+// a panic into a counted, logged fail-open; then (if not nil) lets the request go on
+// as it is: a prefill callback resumes the request. The request callbacks recover in
+// deferred closures of their own, which answer Continue (see failedOpen).
 func (p *pluginContext) recoverFailOpen(where string, then func()) {
 	if r := recover(); r != nil {
-		if p.metrics != nil {
-			p.metrics.failOpen.Increment(1)
-		}
-		logFailOpen("kvroute: recovered in %s, failing open: %v", where, r)
+		p.failedOpen(where, r)
 		if then != nil {
 			then()
 		}
 	}
+}
+
+// failedOpen counts and logs a panic recovered in where. The request callbacks
+// recover in a deferred closure of their own and call it: in wasm that spares each
+// request a deferred call with arguments and a call of recoverFailOpen per callback.
+func (p *pluginContext) failedOpen(where string, r any) {
+	if p.metrics != nil {
+		p.metrics.failOpen.Increment(1)
+	}
+	logFailOpen("kvroute: recovered in %s, failing open: %v", where, r)
 }
