@@ -21,7 +21,7 @@ type nameEntry struct {
 // (overlapping under 24 bytes), or its first and last 4 under 8 bytes, or its first,
 // middle and last byte under 4. Two strings of one length up to 24 bytes have one key
 // exactly when they are equal.
-type nameKey [3]uint64
+type nameKey struct{ first, middle, last uint64 } // a struct, not an array: Go keeps it in locals
 
 // nameKeyExact is the longest length whose key tells equality.
 const nameKeyExact = 24
@@ -33,9 +33,9 @@ func keyOf(s string) nameKey {
 	case n >= 8:
 		return nameKey{word64(s, 0), word64(s, n/2-4), word64(s, n-8)}
 	case n >= 4:
-		return nameKey{uint64(word32(s, 0)), uint64(word32(s, n-4))}
+		return nameKey{first: uint64(word32(s, 0)), last: uint64(word32(s, n-4))}
 	case n > 0:
-		return nameKey{uint64(s[0]) | uint64(s[n/2])<<8 | uint64(s[n-1])<<16}
+		return nameKey{first: uint64(s[0]) | uint64(s[n/2])<<8 | uint64(s[n-1])<<16}
 	}
 	return nameKey{}
 }
@@ -68,9 +68,9 @@ func (t *nameTable) find(name string) int {
 	case n >= 8:
 		k = nameKey{word64(name, 0), word64(name, n/2-4), word64(name, n-8)}
 	case n >= 4:
-		k = nameKey{uint64(word32(name, 0)), uint64(word32(name, n-4))}
+		k = nameKey{first: uint64(word32(name, 0)), last: uint64(word32(name, n-4))}
 	case n > 0:
-		k = nameKey{uint64(name[0]) | uint64(name[n/2])<<8 | uint64(name[n-1])<<16}
+		k = nameKey{first: uint64(name[0]) | uint64(name[n/2])<<8 | uint64(name[n-1])<<16}
 	}
 	for i := range list {
 		if list[i].key == k && (n <= nameKeyExact || sameName(list[i].name, name)) {
