@@ -63,14 +63,14 @@ func TestUpgradedFilterMeetsOldState(t *testing.T) {
 			if len(v) > 0 && v[0] != old[0] {
 				want := byte(1)
 				if strings.HasPrefix(k, "kvroute/load/") {
-					want = 3 // the ledger's format since it holds prefill progress
+					want = 4 // the ledger's format since it holds recent work
 				}
 				assert.Equal(t, want, v[0], k)
 			}
 		}
 		v, _, _ := proxywasm.GetSharedData("kvroute/load/decode")
-		// Rewritten fresh: no load, only each target's write clock and prefill progress
-		// (id, clock, since, chunk, rate, 0 slots).
-		assert.Len(t, v, 1+3*41)
+		// Rewritten fresh: no load, only each target's write clock, prefill progress
+		// and recent work (id, clock, since, chunk, rate, recent work, 0 slots).
+		assert.Len(t, v, 1+3*57)
 	})
 }

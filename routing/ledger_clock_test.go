@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/state"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -34,4 +35,45 @@ func TestLedgerForgetsTheWriteClockOfATargetThatLeft(t *testing.T) {
 	require.NoError(t, l.Flush(now()))
 	require.True(t, holds(11))
 	require.False(t, holds(22), "the clock of a target that left is dropped at the next flush")
+}
+
+func TestLedgerRecentWorkHalvesEveryHalfLife(t *testing.T) {
+	store := state.NewMemoryStore()
+	a := NewLoadLedger(store, "ns", "decode", 600_000, 8)
+	b := NewLoadLedger(store, "ns", "decode", 600_000, 8)
+	recent := func(l *LoadLedger, nowMS int64) (int64, int64) {
+		var got [1]Load
+		require.NoError(t, l.LoadsInto(nowMS, func(id uint64) int {
+			if id == 11 {
+				return 0
+			}
+			return -1
+		}, got[:]))
+		return got[0].Recent, got[0].RecentSent
+	}
+	t0 := int64(16 * recentHalfLifeMS)
+	now := func() int64 { return t0 }
+	x, err := a.AcquireQueued(11, 1000, 800, 0, t0)
+	require.NoError(t, err)
+	y, err := a.AcquireQueued(11, 500, 0, 0, t0)
+	require.NoError(t, err)
+	require.NoError(t, a.FirstChunk(&x, t0+10))
+	require.NoError(t, a.Release(x, now))
+	require.NoError(t, a.Release(y, now))
+	tok, sent := recent(a, t0)
+	assert.Equal(t, [2]int64{800, 2}, [2]int64{tok, sent}, "the uncached tokens and the requests sent; releases keep them")
+
+	require.NoError(t, a.Flush(t0))
+	tok, sent = recent(b, t0+recentHalfLifeMS)
+	assert.Equal(t, [2]int64{400, 1}, [2]int64{tok, sent}, "another VM reads them, halved after a half-life")
+	_, err = b.AcquireQueued(11, 400, 400, 0, t0+recentHalfLifeMS)
+	require.NoError(t, err)
+	require.NoError(t, b.Flush(t0+recentHalfLifeMS))
+	require.NoError(t, a.Flush(t0+recentHalfLifeMS))
+	tok, sent = recent(a, t0+recentHalfLifeMS)
+	assert.Equal(t, [2]int64{800, 2}, [2]int64{tok, sent}, "both VMs' work, as of the later half-life")
+	tok, sent = recent(a, t0+3*recentHalfLifeMS)
+	assert.Equal(t, [2]int64{200, 0}, [2]int64{tok, sent})
+	tok, sent = recent(a, t0+80*recentHalfLifeMS)
+	assert.Equal(t, [2]int64{0, 0}, [2]int64{tok, sent})
 }

@@ -20,7 +20,11 @@ import (
 // the queue was last known to be all ahead — a first chunk (the prefill before is
 // over, the next starts) or a request sent to a drained queue — and the prefill rate
 // observed there, the uncached tokens of the requests whose first chunk came back
-// over the time their prefill took. Load is counted in time slots of
+// over the time their prefill took. And each target keeps its recent work: the
+// uncached tokens and the requests sent there lately, halved every recentHalfLifeMS,
+// which say how busy its prefill has been beyond what is queued there now (a new
+// conversation placed there brings its later turns to that same queue). Load is
+// counted in time slots of
 // lease/ledgerSlots: a request adds to the slot of its start time and its release
 // takes from that same slot, and slots older than the lease are dropped. So a
 // completion that never arrives (a VM restart, a lost stream) stops counting after
@@ -63,19 +67,48 @@ type ledgerDelta struct {
 	// as the latest seen (0: no news), the rate sample is added
 	since, chunk    int64
 	rateTok, rateMS int64
+	// to the target's recent work, as of recentEpoch (its epoch is ignored)
+	recent, recentSent, recentEpoch int64
 }
 
 // ledgerBatch is how many acquires and releases a VM holds before it writes them.
 const ledgerBatch = 16
 
 const (
-	ledgerFormat = 3
+	ledgerFormat = 4
 	ledgerSlots  = 8
-	// per target: id(8) written(8) since(8) chunk(8) rate tokens(4) rate ms(4) slot
-	// count(1); per slot: epoch(8) requests(4) prefills(4) tokens(8) prefill(8)
-	ledgerTargetHeader = 41
+	// per target: id(8) written(8) since(8) chunk(8) rate tokens(4) rate ms(4)
+	// recent tokens(8) recent requests(4) recent epoch(4) slot count(1); per slot:
+	// epoch(8) requests(4) prefills(4) tokens(8) prefill(8)
+	ledgerTargetHeader = 57
 	ledgerSlotBytes    = 32
 )
+
+// recentHalfLifeShift makes recentHalfLifeMS a power of two, so a time's half-life
+// epoch is a shift: the recent work halves at the same instants on every VM.
+const (
+	recentHalfLifeShift = 16
+	recentHalfLifeMS    = 1 << recentHalfLifeShift
+)
+
+// decayed is v, counted as of half-life epoch from, as of epoch to.
+func decayed(v, from, to int64) int64 {
+	if to <= from {
+		return v
+	}
+	if to-from >= 63 {
+		return 0
+	}
+	return v >> (to - from)
+}
+
+// addRecent adds recent work b (tokens, requests, epoch) to a, both as of the later
+// epoch.
+func addRecent(aTok, aSent, aEpoch, bTok, bSent, bEpoch int64) (tok, sent, epoch int64) {
+	epoch = max(aEpoch, bEpoch)
+	return decayed(aTok, aEpoch, epoch) + decayed(bTok, bEpoch, epoch),
+		decayed(aSent, aEpoch, epoch) + decayed(bSent, bEpoch, epoch), epoch
+}
 
 // rateWindowMS bounds the prefill time a target's rate is learned over: past it,
 // both sums are halved, so the rate follows an engine that changes (a new model, a
@@ -89,6 +122,10 @@ type Load struct {
 	Tokens   int64
 	Prefill  int64 // queued prefill tokens: uncached tokens awaiting their first chunk
 	Written  int64 // the write clock: uncached tokens ever sent to the target
+
+	// The recent work: uncached tokens and requests sent to the target, each halved
+	// every recentHalfLifeMS.
+	Recent, RecentSent int64
 
 	// The prefill progress (PrefillAhead), times in ms: Since is when all of Prefill
 	// was last known to be ahead, Chunk the latest first chunk; RateTokens over
@@ -162,15 +199,17 @@ func (s *ledgerSlot) live() bool {
 
 // ledgerEntry is one target's live slots, write clock and prefill progress.
 type ledgerEntry struct {
-	target          uint64
-	written         int64
-	since, chunk    int64
-	rateTok, rateMS int64
-	slots           []ledgerSlot
+	target                          uint64
+	written                         int64
+	since, chunk                    int64
+	rateTok, rateMS                 int64
+	recent, recentSent, recentEpoch int64
+	slots                           []ledgerSlot
 }
 
 func (e *ledgerEntry) load() Load {
-	l := Load{Written: e.written, Since: e.since, Chunk: e.chunk, RateTokens: e.rateTok, RateMS: e.rateMS}
+	l := Load{Written: e.written, Since: e.since, Chunk: e.chunk, RateTokens: e.rateTok, RateMS: e.rateMS,
+		Recent: e.recent, RecentSent: e.recentSent}
 	for _, s := range e.slots {
 		l.Requests += s.requests
 		l.Prefills += s.prefills
@@ -193,8 +232,10 @@ func decodeLedger(v []byte, oldest int64) []ledgerEntry {
 	for len(v) >= ledgerTargetHeader {
 		e := ledgerEntry{target: binary.LittleEndian.Uint64(v), written: int64(binary.LittleEndian.Uint64(v[8:])),
 			since: int64(binary.LittleEndian.Uint64(v[16:])), chunk: int64(binary.LittleEndian.Uint64(v[24:])),
-			rateTok: int64(binary.LittleEndian.Uint32(v[32:])), rateMS: int64(binary.LittleEndian.Uint32(v[36:]))}
-		n := int(v[40])
+			rateTok: int64(binary.LittleEndian.Uint32(v[32:])), rateMS: int64(binary.LittleEndian.Uint32(v[36:])),
+			recent: int64(binary.LittleEndian.Uint64(v[40:])), recentSent: int64(binary.LittleEndian.Uint32(v[48:])),
+			recentEpoch: int64(binary.LittleEndian.Uint32(v[52:]))}
+		n := int(v[56])
 		v = v[ledgerTargetHeader:]
 		if len(v) < n*ledgerSlotBytes {
 			return nil
@@ -242,6 +283,9 @@ func encodeLedger(entries []ledgerEntry, keepClock func(uint64) bool) []byte {
 		out = binary.LittleEndian.AppendUint64(out, uint64(e.chunk))
 		out = binary.LittleEndian.AppendUint32(out, uint32(e.rateTok))
 		out = binary.LittleEndian.AppendUint32(out, uint32(e.rateMS))
+		out = binary.LittleEndian.AppendUint64(out, uint64(e.recent))
+		out = binary.LittleEndian.AppendUint32(out, uint32(min(e.recentSent, math.MaxUint32)))
+		out = binary.LittleEndian.AppendUint32(out, uint32(e.recentEpoch))
 		out = append(out, byte(live))
 		for i := range e.slots {
 			if s := &e.slots[i]; s.live() {
@@ -266,6 +310,7 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 		}
 	}
 	oldest := l.oldestLiveEpoch(nowMS)
+	nowEpoch := nowMS >> recentHalfLifeShift
 	if v := l.seen; len(v) >= 1 && v[0] == ledgerFormat {
 		for v = v[1:]; len(v) >= ledgerTargetHeader; {
 			i := index(binary.LittleEndian.Uint64(v))
@@ -276,8 +321,11 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 				l.Chunk = max(l.Chunk, int64(binary.LittleEndian.Uint64(v[24:])))
 				l.RateTokens += int64(binary.LittleEndian.Uint32(v[32:]))
 				l.RateMS += int64(binary.LittleEndian.Uint32(v[36:]))
+				epoch := int64(binary.LittleEndian.Uint32(v[52:]))
+				l.Recent += decayed(int64(binary.LittleEndian.Uint64(v[40:])), epoch, nowEpoch)
+				l.RecentSent += decayed(int64(binary.LittleEndian.Uint32(v[48:])), epoch, nowEpoch)
 			}
-			n := int(v[40])
+			n := int(v[56])
 			v = v[ledgerTargetHeader:]
 			if len(v) < n*ledgerSlotBytes {
 				break
@@ -301,6 +349,8 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 			l.Since, l.Chunk = max(l.Since, d.since), max(l.Chunk, d.chunk)
 			l.RateTokens += d.rateTok
 			l.RateMS += d.rateMS
+			l.Recent += decayed(d.recent, d.recentEpoch, nowEpoch)
+			l.RecentSent += decayed(d.recentSent, d.recentEpoch, nowEpoch)
 		}
 		if i >= 0 && d.epoch > oldest {
 			// A release may reach a slot this view has not seen the acquire of yet.
@@ -340,6 +390,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 	for i := range entries {
 		ld := entries[i].load()
 		ld.Written, ld.Since, ld.Chunk, ld.RateTokens, ld.RateMS = 0, 0, 0, 0, 0 // clocks, not load
+		ld.Recent, ld.RecentSent = 0, 0
 		if ld.Requests > 0 || ld.Prefills > 0 || ld.Tokens > 0 || ld.Prefill > 0 {
 			out[entries[i].target] = ld
 		}
@@ -351,7 +402,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 // slots at or before oldest have expired and are dropped.
 func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []ledgerEntry {
 	for _, d := range deltas {
-		if d.epoch <= oldest && d.written == 0 && !d.progress() {
+		if d.epoch <= oldest && d.written == 0 && d.recentSent == 0 && !d.progress() {
 			continue
 		}
 		i := 0
@@ -368,6 +419,9 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []le
 		e.rateMS += d.rateMS
 		for e.rateMS > rateWindowMS || e.rateTok > math.MaxUint32 {
 			e.rateTok, e.rateMS = e.rateTok/2, e.rateMS/2
+		}
+		if d.recentSent != 0 || d.recent != 0 {
+			e.recent, e.recentSent, e.recentEpoch = addRecent(e.recent, e.recentSent, e.recentEpoch, d.recent, d.recentSent, d.recentEpoch)
 		}
 		if d.epoch <= oldest {
 			continue
@@ -401,6 +455,9 @@ func (l *LoadLedger) note(d *ledgerDelta, nowMS func() int64) error {
 			p.since, p.chunk = max(p.since, d.since), max(p.chunk, d.chunk)
 			p.rateTok += d.rateTok
 			p.rateMS += d.rateMS
+			if d.recentSent != 0 || d.recent != 0 {
+				p.recent, p.recentSent, p.recentEpoch = addRecent(p.recent, p.recentSent, p.recentEpoch, d.recent, d.recentSent, d.recentEpoch)
+			}
 			merged = true
 			break
 		}
@@ -418,7 +475,7 @@ func (l *LoadLedger) note(d *ledgerDelta, nowMS func() int64) error {
 // were released within the batch cancel out.
 func (l *LoadLedger) hasChanges() bool {
 	for _, d := range l.pending {
-		if d.requests != 0 || d.prefills != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 || d.progress() {
+		if d.requests != 0 || d.prefills != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 || d.recentSent != 0 || d.progress() {
 			return true
 		}
 	}
@@ -473,8 +530,8 @@ func (l *LoadLedger) Acquire(target uint64, tokens int64, nowMS int64) (LoadTick
 
 // AcquireQueued is Acquire for a request that also queues prefill tokens of prefill
 // work on target until its first response chunk (FirstChunk) or its end (Release),
-// and advances the target's write clock by them. since, when not 0, is the target's
-// new Load.Since (Load.SinceAfterSend).
+// and advances the target's write clock and recent work by them. since, when not 0,
+// is the target's new Load.Since (Load.SinceAfterSend).
 func (l *LoadLedger) AcquireQueued(target uint64, tokens, prefill, since int64, nowMS int64) (LoadTicket, error) {
 	var t LoadTicket
 	err := l.acquireInto(&t, target, tokens, prefill, since, nowMS)
@@ -492,7 +549,8 @@ func (l *LoadLedger) acquireInto(t *LoadTicket, target uint64, tokens, prefill, 
 		prefills = 1
 	}
 	d := ledgerDelta{target: target, epoch: epoch, requests: 1, prefills: prefills, tokens: tokens,
-		prefill: prefill, written: prefill, since: since, chunk: 0, rateTok: 0, rateMS: 0}
+		prefill: prefill, written: prefill, since: since, chunk: 0, rateTok: 0, rateMS: 0,
+		recent: prefill, recentSent: 1, recentEpoch: nowMS >> recentHalfLifeShift}
 	err := l.note(&d, func() int64 { return nowMS })
 	t.Target, t.Epoch, t.Tokens, t.Prefill, t.SentMS, t.Valid = target, epoch, tokens, prefill, nowMS, true
 	return err
