@@ -274,8 +274,11 @@ func TestRoundRobinFirstTurnsGoWhereTheirSystemPromptIsCached(t *testing.T) {
 
 func TestRoundRobinFirstTurnsSkipQueuedPrefill(t *testing.T) {
 	// Nothing cached anywhere: the cursor rotates over the targets with no prefill
-	// queued, in its order, and over all three once none is queued.
-	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+	// queued. Once none is queued, the target that has just computed 4000 tokens is
+	// left out while the others have worked less lately; when that work has halved
+	// away, all three are used again.
+	clock := &fakeClock{ms: 1e6}
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
 	targets := r.DecodeTargets()
 	busy, err := r.decode.ledger.AcquireQueued(targets[0].ID, 4000, 4000, 0, 1e6)
 	require.NoError(t, err)
@@ -288,11 +291,20 @@ func TestRoundRobinFirstTurnsSkipQueuedPrefill(t *testing.T) {
 		require.NoError(t, r.Release(d.Ticket))
 	}
 	assert.NotContains(t, got, targets[0].Address)
-	assert.NotEqual(t, got[0], got[1], "the cursor still alternates")
+	assert.NotEqual(t, got[0], got[1], "the turns alternate")
 	require.NoError(t, r.FirstChunk(&busy))
+	require.NoError(t, r.Release(busy))
 	used := map[string]bool{}
-	for i := 0; i < 3; i++ {
+	for i := 0; i < 6; i++ {
 		d := r.Decide(convRequest(fmt.Sprint("r", i)), NoRank)
+		used[d.Target.Address] = true
+		require.NoError(t, r.Release(d.Ticket))
+	}
+	assert.Equal(t, map[string]bool{targets[1].Address: true, targets[2].Address: true}, used)
+	clock.ms += 20 * recentHalfLifeMS
+	used = map[string]bool{}
+	for i := 0; i < 3; i++ {
+		d := r.Decide(convRequest(fmt.Sprint("s", i)), NoRank)
 		used[d.Target.Address] = true
 		require.NoError(t, r.Release(d.Ticket))
 	}

@@ -833,47 +833,81 @@ func (r *Router) scoredFrom(v *poolView, req *extract.Request, pr *prompt, home 
 
 // firstTurn places a new conversation by conversation.first_turn.
 func (r *Router) firstTurn(v *poolView, req *extract.Request, pr *prompt) (int, error) {
-	cands, capped := v.candidates()
-	if capped {
-		cands = r.leastLoaded(v, cands)
-	}
 	switch r.cfg.Conversation.FirstTurn {
-	case config.FirstTurnLeastLoaded:
+	case config.FirstTurnLeastLoaded, config.FirstTurnHash:
+		cands, capped := v.candidates()
+		if capped {
+			cands = r.leastLoaded(v, cands)
+		}
+		if r.cfg.Conversation.FirstTurn == config.FirstTurnHash {
+			return rendezvous(v.pool, cands, req.Conversation), nil
+		}
 		return r.roundRobin(v.pool, r.leastLoaded(v, cands))
-	case config.FirstTurnHash:
-		return rendezvous(v.pool, cands, req.Conversation), nil
 	case config.FirstTurnScore:
 		return r.scored(v, req, pr), nil
 	default:
-		return r.roundRobin(v.pool, r.soonest(v, req, pr, cands))
+		return r.roundRobin(v.pool, r.soonest(v, req, pr))
 	}
 }
 
-// soonest narrows a round-robin first turn to the candidates where its first token
-// would come soonest: the fewest tokens of prefill queued there plus its own uncached
-// prompt, within one block. With nothing queued and nothing cached that is every
-// candidate, and the cursor spreads new conversations as before; otherwise the cursor
-// skips the targets where the turn would wait behind other prefills or recompute a
-// prefix (a shared system prompt) that another candidate caches.
-func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt, cands []int) []int {
+// soonest narrows a round-robin first turn to the eligible targets where its first
+// token would come soonest, and of those to the ones whose prefill has worked least
+// lately. A conversation brings its later turns to the target its first turn takes,
+// so the first turn is where load is spread, and where a shared system prompt is
+// cached or recomputed.
+//
+// The wait on a target is the prefill queued there plus the turn's own uncached
+// tokens (the hit-rate gate applies), plus, on a target at or over the fair-share
+// cap, the pool's recent mean of uncached tokens per request for each request from
+// one below the cap up: the cap is soft here, so a holder of a long prompt keeps
+// taking its conversations until what they queue there outweighs computing the prompt
+// again elsewhere, while a short prompt spreads as soon as its holders fill. Of the
+// targets within one block of the lowest wait, those within one block of the least
+// recent work are kept (Load.Recent), and the cursor rotates over them: a prompt
+// nobody caches yet, a new application's, goes to the target with the least work
+// lately rather than to the next in turn.
+func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
+	cands := v.eligible
 	r.lookup(v, pr)
 	matched := r.matchedTokens(v, req, pr, cands)
+	var recent, sent int64
+	for _, i := range cands {
+		recent += v.loads[i].Recent
+		sent += v.loads[i].RecentSent
+	}
+	perRequest := int64(0)
+	if sent > 0 {
+		perRequest = recent / sent
+	}
 	wait := v.pool.waitBuf
 	low := int64(math.MaxInt64)
 	for _, i := range cands {
-		wait[i] = v.ahead[i] + int64(req.Tokens)
+		w := v.ahead[i] + int64(req.Tokens)
 		if matched != nil {
-			wait[i] -= int64(matched[i])
+			w -= int64(matched[i])
 		}
-		low = min(low, wait[i])
+		if over := v.loads[i].Requests - v.cap + 1; over > 0 {
+			w += over * perRequest
+		}
+		wait[i] = w
+		low = min(low, w)
 	}
+	block := int64(r.cfg.Prefix.BlockTokens)
 	out := v.pool.soonBuf[:0]
+	leastRecent := int64(math.MaxInt64)
 	for _, i := range cands {
-		if wait[i] <= low+int64(r.cfg.Prefix.BlockTokens) {
+		if wait[i] <= low+block {
 			out = append(out, i)
+			leastRecent = min(leastRecent, v.loads[i].Recent)
 		}
 	}
-	return out
+	kept := out[:0]
+	for _, i := range out {
+		if v.loads[i].Recent <= leastRecent+block {
+			kept = append(kept, i)
+		}
+	}
+	return kept
 }
 
 // fallback decides without shared state: rendezvous hashing for an explicit
