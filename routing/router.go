@@ -164,6 +164,9 @@ type poolView struct {
 	total    Load    // over the eligible targets: Requests and Tokens only
 	cap      int64
 	busiest  int64 // the most requests an eligible target has
+	// perRequest is the pool's recent mean of uncached tokens per request: the wait
+	// a soft cap charges on a target for each request it has from one below the cap up.
+	perRequest int64
 }
 
 // view reads health and load and works out eligibility and the fair-share cap.
@@ -195,15 +198,21 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	if p.engine != nil {
 		r.addEngineLoad(p, v, nowMS)
 	}
-	var requests, tokens, busiest int64
+	var requests, tokens, busiest, recent, sent int64
 	for _, i := range eligible {
 		requests += loads[i].Requests
 		tokens += loads[i].Tokens
 		busiest = max(busiest, loads[i].Requests)
+		recent += loads[i].Recent
+		sent += loads[i].RecentSent
 		ahead[i] = loads[i].PrefillAhead(nowMS)
 	}
 	v.total.Requests, v.total.Tokens, v.busiest = requests, tokens, busiest
 	v.cap = fairShareCap(r.cfg.Balance.FairShareMultiplier, requests, len(eligible))
+	v.perRequest = 0
+	if sent > 0 {
+		v.perRequest = recent / sent
+	}
 	return v, nil
 }
 
@@ -309,6 +318,15 @@ func fairShareCap(multiplier float64, active int64, n int) int64 {
 }
 
 func (v *poolView) atCap(i int) bool { return v.loads[i].Requests >= v.cap }
+
+// overCap is the wait a soft cap charges on target i: perRequest for each request it
+// has from one below the cap up (0 below the cap).
+func (v *poolView) overCap(i int) int64 {
+	if over := v.loads[i].Requests - v.cap + 1; over > 0 {
+		return over * v.perRequest
+	}
+	return 0
+}
 
 // position returns the index of target id if it is eligible, else -1.
 func (v *poolView) position(id uint64) int {
@@ -701,7 +719,11 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 // costs less than computing the whole prompt on an idle target, and affinity needs
 // no weighing.
 func (r *Router) queueFits(v *poolView, req *extract.Request, pr *prompt, i int) bool {
-	q := v.ahead[i]
+	return r.waitFits(v, req, pr, i, v.ahead[i])
+}
+
+// waitFits is queueFits for a wait of q tokens on target i.
+func (r *Router) waitFits(v *poolView, req *extract.Request, pr *prompt, i int, q int64) bool {
 	if q == 0 {
 		return true
 	}
@@ -773,12 +795,18 @@ func (r *Router) placeConversation(v *poolView, req *extract.Request, pr *prompt
 				// than the history cached there.
 				return i, KindSticky, nil
 			}
-			r.lookup(v, pr)
-			if !v.atCap(i) && r.queueFits(v, req, pr, i) {
-				return i, KindSticky, nil
+			// The cap is soft for a turn whose history can be looked up: at or
+			// over it, the target's wait is charged overCap, and the turn stays
+			// while that wait is no more than its cache there is worth.
+			if len(pr.cps) > 0 {
+				r.lookup(v, pr)
+				if r.waitFits(v, req, pr, i, v.ahead[i]+v.overCap(i)) {
+					return i, KindSticky, nil
+				}
 			}
-			// At the cap, or with more queued there than its cache is worth, the
-			// mapped target keeps the turn only if it is still the cheapest.
+			// With more to wait for there than its cache is worth, or at the cap
+			// with no prompt to weigh, the mapped target keeps the turn only if it
+			// is still the cheapest.
 			if c := r.scoredFrom(v, req, pr, i); c != i {
 				return c, KindOverflow, nil
 			}
@@ -870,15 +898,6 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 	cands := v.eligible
 	r.lookup(v, pr)
 	matched := r.matchedTokens(v, req, pr, cands)
-	var recent, sent int64
-	for _, i := range cands {
-		recent += v.loads[i].Recent
-		sent += v.loads[i].RecentSent
-	}
-	perRequest := int64(0)
-	if sent > 0 {
-		perRequest = recent / sent
-	}
 	wait := v.pool.waitBuf
 	low := int64(math.MaxInt64)
 	for _, i := range cands {
@@ -886,9 +905,7 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 		if matched != nil {
 			w -= int64(matched[i])
 		}
-		if over := v.loads[i].Requests - v.cap + 1; over > 0 {
-			w += over * perRequest
-		}
+		w += v.overCap(i)
 		wait[i] = w
 		low = min(low, w)
 	}

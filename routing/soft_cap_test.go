@@ -1,0 +1,64 @@
+package routing
+
+import (
+	"math/rand"
+	"testing"
+
+	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/hashx"
+	"github.com/kvroute/kvroute/routing/state"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// secondTurnOverTheCap maps a conversation to rank 0 of one three-rank endpoint with
+// a first turn that computes a 4000-token system prompt there; caches the same prompt
+// on rank 1; puts rank 0 at the fair-share cap with two long replies decoding and
+// queued prefill of queued tokens; and decides the conversation's second turn.
+func secondTurnOverTheCap(t *testing.T, queued int64) (home Target, d Decision) {
+	cfg, err := config.ParseConfig([]byte(`{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`))
+	require.NoError(t, err)
+	clock := &fakeClock{ms: 1e6}
+	r := NewRouter(&cfg, state.NewMemoryStore(), clock.now)
+	rng := rand.New(rand.NewSource(3))
+	system, first, second := words(rng, 16000), words(rng, 800), words(rng, 400)
+	warm := r.Decide(textRequest(system+words(rng, 800), 1), 1)
+	require.NoError(t, r.FirstChunk(&warm.Ticket))
+	require.NoError(t, r.Release(warm.Ticket))
+	turn := func(text string, id uint64, rank int) Decision {
+		q := textRequest(text, id)
+		q.Conversation, q.HasConversation = hashx.FingerprintString("c"), true
+		return r.Decide(q, rank)
+	}
+	d = turn(system+first, 2, 0)
+	require.Equal(t, KindNewConversation, d.Kind)
+	home = d.Target
+	require.NoError(t, r.FirstChunk(&d.Ticket))
+	require.NoError(t, r.Release(d.Ticket))
+	for i := 0; i < 2; i++ {
+		_, err := r.decode.ledger.Acquire(home.ID, 10000, clock.ms)
+		require.NoError(t, err)
+	}
+	if queued > 0 {
+		_, err := r.decode.ledger.AcquireQueued(home.ID, queued, queued, 0, clock.ms)
+		require.NoError(t, err)
+	}
+	return home, turn(system+first+second, 3, NoRank)
+}
+
+func TestStickyTurnStaysOverTheCapWhenItsQueueFits(t *testing.T) {
+	// Nothing queued at home: its decode load and the charge for being over the cap
+	// are less than what the history cached there is worth, though another target
+	// caches the system prompt and would cost less by the cost alone.
+	home, d := secondTurnOverTheCap(t, 0)
+	assert.Equal(t, KindSticky, d.Kind)
+	assert.Equal(t, home.ID, d.Target.ID)
+}
+
+func TestStickyTurnOverTheCapOverflowsBehindALongQueue(t *testing.T) {
+	// 40000 tokens queued at home outweigh its cache (4 × 4200): the cost decides, and
+	// the target that caches the system prompt wins.
+	home, d := secondTurnOverTheCap(t, 40000)
+	assert.Equal(t, KindOverflow, d.Kind)
+	assert.NotEqual(t, home.ID, d.Target.ID)
+}
