@@ -885,11 +885,10 @@ func (r *Router) firstTurn(v *poolView, req *extract.Request, pr *prompt) (int, 
 // cached or recomputed.
 //
 // The wait on a target is the prefill queued there plus the turn's own uncached
-// tokens (the hit-rate gate applies), plus, on a target at or over the fair-share
-// cap, the pool's recent mean of uncached tokens per request for each request from
-// one below the cap up: the cap is soft here, so a holder of a long prompt keeps
-// taking its conversations until what they queue there outweighs computing the prompt
-// again elsewhere, while a short prompt spreads as soon as its holders fill. Of the
+// tokens (the hit-rate gate applies), plus what the soft cap charges there (overCap):
+// a holder of a long prompt keeps taking its conversations until what they queue
+// there outweighs computing the prompt again elsewhere, while a short prompt spreads
+// as soon as its holders fill. Of the
 // targets within one block of the lowest wait, those within one block of the least
 // recent work are kept (Load.Recent), and the cursor rotates over them: a prompt
 // nobody caches yet, a new application's, goes to the target with the least work
