@@ -1,0 +1,87 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// words is n characters of distinct words, seeded by tag.
+func words(tag string, n int) string {
+	var b strings.Builder
+	for i := 0; b.Len() < n; i++ {
+		fmt.Fprintf(&b, "%s%d ", tag, i)
+	}
+	return b.String()[:n]
+}
+
+func TestNewConversationsGoToTheTargetsThatWorkedLeast(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, threeEndpoints)
+		// A long prompt without an id is computed on one target and done: nothing is
+		// queued anywhere, but that target has worked lately and the others have not.
+		busy, _, _ := h.route(post("/v1/chat/completions", chat(words("doc", 8000))))
+		var got []string
+		for c := 0; c < 4; c++ {
+			dest, _, decision := h.route(post("/v1/chat/completions", chat("hi"), [2]string{"x-session-id", fmt.Sprint("q", c)}))
+			assert.Equal(t, "new-conversation", decision)
+			got = append(got, dest)
+		}
+		assert.NotContains(t, got, busy)
+		assert.NotEqual(t, got[0], got[1], "the cursor still rotates over the quiet ones")
+	})
+}
+
+func TestStickyTurnOverTheCapStaysWhileItsCacheIsWorthTheWait(t *testing.T) {
+	// One endpoint of three ranks, the rank trusted so each request can be put where
+	// the test wants it: a system prompt cached on rank 1, a conversation begun on
+	// rank 0, and rank 0 at the cap with two long replies decoding. By the cost
+	// alone rank 1 (the system prompt, no decode load) looks cheaper; the soft cap
+	// keeps the turn home while the charge and the queue are less than its cache.
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	for _, tc := range []struct {
+		name     string
+		queued   int // characters of prompt queued at home, without a first chunk
+		decision string
+	}{{"nothing queued", 0, "sticky"}, {"a long queue", 160000, "overflow"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				system := words("rule", 16000)
+				_, rank, _ := h.route(post("/v1/chat/completions", chat(system+words("warm", 800)), [2]string{"x-data-parallel-rank", "1"}))
+				require.Equal(t, "1", rank)
+				conv := [2]string{"x-session-id", "c"}
+				first := system + words("first", 800)
+				_, rank, decision := h.route(post("/v1/chat/completions", chat(first), conv, [2]string{"x-data-parallel-rank", "0"}))
+				require.Equal(t, "new-conversation", decision)
+				require.Equal(t, "0", rank)
+				var held []uint32
+				for i := 0; i < 2; i++ {
+					id, _ := h.send(post("/v1/chat/completions", chat(words(fmt.Sprint("reply", i), 40000)), [2]string{"x-data-parallel-rank", "0"}))
+					// The first chunk: the prefill is over, the reply still decoding.
+					h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+					h.CallOnResponseBody(id, []byte("data: {}\n\n"), false)
+					held = append(held, id)
+				}
+				if tc.queued > 0 {
+					id, _ := h.send(post("/v1/chat/completions", chat(words("queued", tc.queued)), [2]string{"x-data-parallel-rank", "0"}))
+					held = append(held, id)
+				}
+				_, rank, decision = h.route(post("/v1/chat/completions", chat(first+words("second", 400)), conv))
+				assert.Equal(t, tc.decision, decision)
+				if tc.decision == "sticky" {
+					assert.Equal(t, "0", rank)
+				} else {
+					assert.NotEqual(t, "0", rank)
+				}
+				for _, id := range held {
+					h.respond(id, 200)
+				}
+			})
+		})
+	}
+}
