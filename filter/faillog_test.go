@@ -39,24 +39,12 @@ func TestFailLimiterOneLinePerSecond(t *testing.T) {
 // at most one line a second per VM. A panic can be provoked only in the Go plugin:
 // its clock is a test variable, made to panic once where the callback reads it.
 func TestFailOpenLogIsRateLimited(t *testing.T) {
-	saved := nowMS
-	defer func() { nowMS = saved }()
-	goClock = 1_700_000_000_000
-	armed := false
-	nowMS = func() int64 {
-		if armed {
-			armed = false
-			panic("injected fault")
-		}
-		return goClock
-	}
-	failLog = failLimiter{}
-	defer func() { failLog = failLimiter{} }()
+	armed := faultyClock(t)
 
 	h := startHost(t, &vmContext{}, pdFleet("vllm", 10))
 	// Request body: the decision panics; the request goes on untouched.
 	for i := 0; i < 5; i++ {
-		armed = true
+		*armed = true
 		id, action := h.send(post("/v1/chat/completions", chat("x"), [2]string{"x-session-id", "s"}))
 		assert.Equal(t, types.ActionContinue, action, "fail open: the request is not held")
 		_, has := h.header(id, "x-gateway-destination-endpoint")
@@ -64,13 +52,13 @@ func TestFailOpenLogIsRateLimited(t *testing.T) {
 		h.respond(id, 200)
 	}
 	// The tick.
-	armed = true
+	*armed = true
 	h.Tick()
 	// A prefill callback: the request resumes.
 	id, action := h.send(post("/v1/chat/completions", longChat(50, "")))
 	require.Equal(t, types.ActionPause, action)
 	co := h.onlyCallout(id)
-	armed = true
+	*armed = true
 	h.CallOnHttpCallResponse(co.CalloutID, [][2]string{{":status", "200"}}, nil, []byte(`{}`))
 	assert.Equal(t, types.ActionContinue, h.GetCurrentHttpStreamAction(id), "a fault in the callback resumes the request")
 	h.respond(id, 200)
@@ -81,7 +69,7 @@ func TestFailOpenLogIsRateLimited(t *testing.T) {
 	assert.Contains(t, logs[0], "kvroute: recovered in request body, failing open: injected fault")
 
 	goClock += failLogPeriodMS
-	armed = true
+	*armed = true
 	id, _ = h.send(post("/v1/completions", `{"prompt":"y"}`))
 	h.respond(id, 200)
 	logs = h.GetErrorLogs()
@@ -100,25 +88,13 @@ func TestFailOpenLogIsRateLimited(t *testing.T) {
 // upstream, and the fault is counted and logged with where it struck. As above, only
 // the Go plugin's clock can be made to panic; it is read in each callback here.
 func TestAPanicInEachRequestCallbackFailsOpen(t *testing.T) {
-	saved := nowMS
-	defer func() { nowMS = saved }()
-	goClock = 1_700_000_000_000
-	armed := false
-	nowMS = func() int64 {
-		if armed {
-			armed = false
-			panic("injected fault")
-		}
-		return goClock
-	}
-	failLog = failLimiter{}
-	defer func() { failLog = failLimiter{} }()
+	armed := faultyClock(t)
 	h := startHost(t, &vmContext{}, `{"pools":{"decode":{"endpoints":[
 		{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"}]}}}`)
 	faults := uint64(0)
 	struck := func(where string) {
 		t.Helper()
-		require.False(t, armed, "%s: the callback read the clock", where)
+		require.False(t, *armed, "%s: the callback read the clock", where)
 		faults++
 		assert.Equal(t, faults, h.counter("kvroute_fail_open"), where)
 		logs := h.GetErrorLogs()
@@ -140,7 +116,7 @@ func TestAPanicInEachRequestCallbackFailsOpen(t *testing.T) {
 
 	// Request headers: a request without a body is decided on its headers.
 	id := h.InitializeHttpContext()
-	armed = true
+	*armed = true
 	hs := [][2]string{{":method", "POST"}, {":path", "/v1/completions"}, {":authority", "gateway"}}
 	assert.Equal(t, types.ActionContinue, h.CallOnRequestHeaders(id, hs, true))
 	struck("request headers")
@@ -151,7 +127,7 @@ func TestAPanicInEachRequestCallbackFailsOpen(t *testing.T) {
 	body := `{"prompt":"x"}`
 	id = h.InitializeHttpContext()
 	require.Equal(t, types.ActionPause, h.CallOnRequestHeaders(id, sent(len(body)), false))
-	armed = true
+	*armed = true
 	assert.Equal(t, types.ActionContinue, h.CallOnRequestBody(id, []byte(body), true))
 	struck("request body")
 	untouched(id, sent(len(body)), body)
@@ -164,9 +140,9 @@ func TestAPanicInEachRequestCallbackFailsOpen(t *testing.T) {
 		require.Equal(t, types.ActionContinue, action)
 		_, routed := h.header(id, "x-gateway-destination-endpoint")
 		require.True(t, routed)
-		armed = where == "response headers"
+		*armed = where == "response headers"
 		assert.Equal(t, types.ActionContinue, h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false))
-		armed = armed || where == "response body"
+		*armed = *armed || where == "response body"
 		assert.Equal(t, types.ActionContinue, h.CallOnResponseBody(id, []byte("{}"), true))
 		struck(where)
 		h.CompleteHttpContext(id)
@@ -177,7 +153,28 @@ func TestAPanicInEachRequestCallbackFailsOpen(t *testing.T) {
 	flags[0] = 0x20 // UpstreamConnectionFailure
 	require.NoError(t, h.SetProperty([]string{"response", "flags"}, flags))
 	id, _ = h.send(post("/v1/completions", body))
-	armed = true
+	*armed = true
 	h.CompleteHttpContext(id)
 	struck("stream done")
+}
+
+// faultyClock makes the Go plugin's clock panic once each time the flag it returns is
+// set, and starts the fail-open log afresh; both are put back when the test ends.
+func faultyClock(t *testing.T) *bool {
+	saved := nowMS
+	armed := new(bool)
+	goClock = 1_700_000_000_000
+	nowMS = func() int64 {
+		if *armed {
+			*armed = false
+			panic("injected fault")
+		}
+		return goClock
+	}
+	failLog = failLimiter{}
+	t.Cleanup(func() {
+		nowMS = saved
+		failLog = failLimiter{}
+	})
+	return armed
 }
