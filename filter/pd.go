@@ -54,6 +54,10 @@ type inlineMode struct{}
 func (inlineMode) inline() bool                { return true }
 func (inlineMode) decodeAnswered(*httpContext) {}
 
+// startPD runs the request's P/D step: it strips a client's P/D members, and starts
+// or prepares the prefill the decision asks for. decide skips the call when the
+// decision's PD is off and no P/D mode is configured: anything startPD comes to do in
+// that case must change that test too.
 func (c *httpContext) startPD(body []byte) (wait bool) {
 	d := &c.decision
 	mode := c.pdMode()

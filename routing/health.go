@@ -79,7 +79,7 @@ func encodeHealth(entries []healthEntry) []byte {
 
 // entries returns the board as this VM knows it, reading it when the copy is old.
 func (h *HealthBoard) entries(nowMS int64) ([]healthEntry, error) {
-	if h.fresh && nowMS-h.cachedAt < healthCacheMS && nowMS >= h.cachedAt {
+	if h.cacheFresh(nowMS) {
 		return h.cached, nil
 	}
 	v, _, err := h.store.Get(h.key)
@@ -93,9 +93,14 @@ func (h *HealthBoard) entries(nowMS int64) ([]healthEntry, error) {
 
 // cleanNow says the VM's copy of the board is recent and empty (no endpoint has a
 // record): Ejected would answer nil, and a success would write nothing. It is the
-// usual case, asked inline where a call costs dozens of instructions in wasm.
+// usual case, asked inline where a call is costly in wasm.
 func (h *HealthBoard) cleanNow(nowMS int64) bool {
-	return len(h.cached) == 0 && h.fresh && nowMS-h.cachedAt < healthCacheMS && nowMS >= h.cachedAt
+	return len(h.cached) == 0 && h.cacheFresh(nowMS)
+}
+
+// cacheFresh says the VM's copy of the board is recent enough to answer from.
+func (h *HealthBoard) cacheFresh(nowMS int64) bool {
+	return h.fresh && nowMS-h.cachedAt < healthCacheMS && nowMS >= h.cachedAt
 }
 
 // Ejected returns the fingerprints of endpoints ejected at nowMS.

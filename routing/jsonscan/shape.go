@@ -25,7 +25,7 @@ func ShapeOK(body string) bool {
 // nests at most maxDepth levels, and it holds no control character outside its
 // strings but JSON's white space.
 func shapedEnd(s string, i, maxDepth int) (end int, ok bool) {
-	var isObject [MaxDepth / 64]uint64 // a bit a level: whether that level is an object
+	var isObject [(MaxDepth + 63) / 64]uint64 // a bit a level: whether that level is an object
 	depth := 0
 	for ; i < len(s); i++ {
 		switch c := s[i]; c {

@@ -78,7 +78,7 @@ func (x *PrefixIndex) StartMatchLive(cps []Checkpoint, known func(uint32) bool, 
 	// ids, state and now need no reset: only their first nids count.
 	m := &x.search
 	m.x, m.cps, m.known, m.hi, m.rounds, m.found = x, cps, known, len(cps), 0, m.found[:0]
-	m.nids, m.clockOf, m.capacity, m.lastNow, m.lastID = 0, clockOf, capacity, 0, 0
+	m.nids, m.clockOf, m.capacity, m.lastNow, m.lastID, m.lastState = 0, clockOf, capacity, 0, 0, 0
 	return m
 }
 

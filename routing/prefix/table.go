@@ -40,9 +40,12 @@ func newPrefixTable(capacity int) *prefixTable {
 // reduction; the table has far fewer than 2^32 sets): one 64-bit multiply, where
 // bits.Mul64 is a dozen in wasm.
 func (t *prefixTable) set(hash uint64) []prefixEntry {
-	s := (hash >> 32) * t.sets >> 32
+	s := setOf(hash, t.sets)
 	return t.entries[s*prefixWays : (s+1)*prefixWays]
 }
+
+// setOf is the index of hash's set among sets (see set).
+func setOf(hash, sets uint64) uint64 { return (hash >> 32) * sets >> 32 }
 
 // find returns the entry of hash, or nil. It stops at the first empty way (see slot).
 func (t *prefixTable) find(hash uint64) *prefixEntry {
@@ -108,7 +111,7 @@ func (t *prefixTable) record(cps []Checkpoint, target, clock, refresh uint32) []
 			if stamp == 0 { // wrapped: stamps restart, ordering is approximate for a moment
 				stamp = 1
 			}
-			set := (h >> 32) * sets >> 32 // as in set
+			set := setOf(h, sets)
 			e := &entries[set*prefixWays]
 			if e.hash != h || e.stamp == 0 || e.targets[0] != target {
 				break
