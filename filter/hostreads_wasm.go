@@ -10,8 +10,7 @@ import (
 // The three reads every routed request makes — its headers, its body, the response
 // status — and its header writes go to the host directly rather than through the
 // SDK's wrappers, which allocate their out-parameters and a slice of pairs on every
-// call (a quarter of the guest's allocations a request) and turn every status into
-// an error. The host still allocates the returned bytes through
+// call and turn every status into an error. The host still allocates the returned bytes through
 // the SDK's proxy_on_memory_allocate, as the ABI requires.
 
 //go:wasmimport env proxy_get_header_map_pairs

@@ -178,8 +178,8 @@ func (c *httpContext) decidedByHeaders(contentLength string, endOfStream bool) b
 }
 
 // parseInt is strconv.ParseInt(s, 10, 64), ok when it has no error. The plain
-// decimals headers carry are read here: strconv costs over a thousand instructions
-// in wasm.
+// decimals headers carry are read here, as strconv is costly in wasm; anything else
+// goes to strconv.
 func parseInt(s string) (int64, bool) {
 	if len(s) == 0 || len(s) > 18 { // 18 digits cannot overflow
 		n, err := strconv.ParseInt(s, 10, 64)

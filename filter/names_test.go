@@ -37,8 +37,8 @@ func TestNameKeyTellsEqualityUpToItsLength(t *testing.T) {
 	}
 }
 
-// A nameTable finds each name it was given, at its first id, and nothing else (a
-// Go map of the names is what it replaces).
+// A nameTable finds each name it was given, at its first id, and nothing else, as a
+// Go map of the names would.
 func TestNameTableFindsWhatAMapDoes(t *testing.T) {
 	names := []string{"", "/", "/v1/chat/completions", "/v1/completions", "/v1/responses", ":path",
 		":method", "x-request-id", "content-length", "x-gateway-destination-endpoint", "x-multi-turn-session-id",

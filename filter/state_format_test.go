@@ -63,7 +63,7 @@ func TestUpgradedFilterMeetsOldState(t *testing.T) {
 			if len(v) > 0 && v[0] != old[0] {
 				want := byte(1)
 				if strings.HasPrefix(k, "kvroute/load/") {
-					want = 4 // the ledger's format since it holds recent work
+					want = 4 // the ledger's format, with recent work
 				}
 				assert.Equal(t, want, v[0], k)
 			}

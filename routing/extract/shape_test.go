@@ -40,8 +40,8 @@ var shapeSeeds = append([]string{
 	`{"input":[{"role":"user","content":[{"type":"input_text","text":"a"}]},{"type":"x","v":[1,{"y":"}"}]}],"instructions":"s"}`,
 }, extractSeeds...)
 
-// checkWalkShape asserts that Extract answers on body as it did when it walked the
-// body and then checked its whole shape with jsonscan.ShapeOK, and that the walk
+// checkWalkShape asserts that Extract answers on body as walking the body and then
+// checking its whole shape with jsonscan.ShapeOK would, and that the walk
 // vouches for the shape of every valid body it reads through (else ShapeOK runs too).
 func checkWalkShape(t *testing.T, api API, body string) {
 	t.Helper()

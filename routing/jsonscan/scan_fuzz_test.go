@@ -32,9 +32,9 @@ var scanSeeds = []string{
 
 // FuzzScan: on any text, even text that is not JSON, the readers never index out of
 // range and always move forward; a string decodes to where stringEnd says it ends, and
-// a valid JSON string decodes as gjson decodes it. ValueEnd ends values where it did
-// before it checked their shape, and vouches only for values ShapeOK passes; ShapeOK
-// answers as its first form did. (The walk's use of the readers' check is fuzzed by
+// a valid JSON string decodes as gjson decodes it. ValueEnd ends values where
+// valueEndOracle (no shape check) does, and vouches only for values ShapeOK passes;
+// ShapeOK answers as shapeOKOracle does. (The walk's use of the readers' check is fuzzed by
 // extract's FuzzShapeCheck.)
 func FuzzScan(f *testing.F) {
 	for _, s := range scanSeeds {
@@ -90,7 +90,7 @@ func FuzzScan(f *testing.F) {
 			}
 		}
 		if got, want := ShapeOK(s), shapeOKOracle(s); got != want {
-			t.Fatalf("ShapeOK(%q) = %v, its first form %v", s, got, want)
+			t.Fatalf("ShapeOK(%q) = %v, shapeOKOracle %v", s, got, want)
 		}
 
 		// A valid value within the depth bound is never odd.

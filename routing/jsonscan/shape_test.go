@@ -33,8 +33,8 @@ func TestJSONShape(t *testing.T) {
 	}
 }
 
-// shapeOKOracle is ShapeOK written with a stack of brackets, as it first was: ShapeOK
-// (a stack of bits, shared with ValueEnd) must answer as it does.
+// shapeOKOracle is ShapeOK written plainly, with a stack of brackets: ShapeOK (a
+// stack of bits, shared with ValueEnd) must answer as it does.
 func shapeOKOracle(body string) bool {
 	i := SkipSpace(body, 0)
 	if i >= len(body) || body[i] != '{' {
