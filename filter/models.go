@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/kvroute/kvroute/routing"
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 )
 
@@ -66,7 +67,7 @@ type modelMetrics struct {
 func defineModelMetrics(fleets []*routing.Fleet) []modelMetrics {
 	out := make([]modelMetrics, len(fleets))
 	for i, f := range fleets {
-		tag := "." + MetricModelTag(f.Name)
+		tag := "." + config.ModelMetricTag(f.Name)
 		out[i].requests = batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_model_requests_routed" + tag)}
 		for _, k := range routing.Kinds() {
 			name := "kvroute_model_decision_" + strings.ReplaceAll(k.String(), "-", "_") + tag
@@ -74,18 +75,6 @@ func defineModelMetrics(fleets []*routing.Fleet) []modelMetrics {
 		}
 	}
 	return out
-}
-
-// MetricModelTag is a model name as a stat name segment: every byte other than
-// [A-Za-z0-9_-] written as '_', so stats_tags can lift it into a label.
-func MetricModelTag(name string) string {
-	b := []byte(name)
-	for i, c := range b {
-		if !(c == '_' || c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
-			b[i] = '_'
-		}
-	}
-	return string(b)
 }
 
 func (m *metrics) flushModelCounters() {

@@ -228,10 +228,20 @@ func TestModelsHeaderIsOwned(t *testing.T) {
 
 func TestModelsConfigErrorsNameTheField(t *testing.T) {
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
-		h, status := tryStart(t, vm, `{"models":[{"names":["a"],"pools":{"decode":{"endpoints":[{"address":"10.0.1.1:8000"}]}}},
+		t.Run("name twice", func(t *testing.T) {
+			h, status := tryStart(t, vm, `{"models":[{"names":["a"],"pools":{"decode":{"endpoints":[{"address":"10.0.1.1:8000"}]}}},
 			{"names":["b","a"],"pools":{"decode":{"endpoints":[{"address":"10.0.1.2:8000"}]}}}]}`)
-		assert.Equal(t, types.OnPluginStartStatusFailed, status)
-		assert.Contains(t, h.GetCriticalLogs(), `kvroute: invalid configuration: models[1].names[1]: "a" is already named by models[0].names[0]`)
+			assert.Equal(t, types.OnPluginStartStatusFailed, status)
+			assert.Contains(t, h.GetCriticalLogs(), `kvroute: invalid configuration: models[1].names[1]: "a" is already named by models[0].names[0]`)
+		})
+		t.Run("first names alike as metrics", func(t *testing.T) {
+			// Two first names that write alike in stat names would share every counter.
+			h, status := tryStart(t, vm, `{"models":[{"names":["qwen3.32b"],"pools":{"decode":{"endpoints":[{"address":"10.0.1.1:8000"}]}}},
+			{"names":["qwen3_32b"],"pools":{"decode":{"endpoints":[{"address":"10.0.1.2:8000"}]}}}]}`)
+			assert.Equal(t, types.OnPluginStartStatusFailed, status)
+			assert.Contains(t, h.GetCriticalLogs(), `kvroute: invalid configuration: models[1].names[0]: "qwen3_32b" names its fleet's metrics "qwen3_32b", as models[0].names[0] does: `+
+				`the two fleets' counters would be one; rename one, or put another of its names first`)
+		})
 	})
 }
 

@@ -43,6 +43,20 @@ type Model struct {
 	Disaggregation DisaggregationConfig // the top-level block with the fleet's fields over it
 }
 
+// ModelMetricTag is a fleet's first name as its per-model stat names carry it: every
+// byte other than [A-Za-z0-9_-] written as '_', so Envoy's stats_tags can lift it into
+// a label. Two fleets whose first names write alike are refused, since their counters
+// would be one.
+func ModelMetricTag(name string) string {
+	b := []byte(name)
+	for i, c := range b {
+		if !(c == '_' || c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
+
 // Pool is a list of inference server endpoints: static, discovered, or static until
 // the first discovery answer.
 type Pool struct {

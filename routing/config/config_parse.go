@@ -72,7 +72,9 @@ package config
 //     models[i].names                      required, at least one name; each non-empty,
 //                                          ≤ 256 bytes, no control characters, "*" only
 //                                          as the last character (a prefix); names[0]
-//                                          exact; no name twice across all fleets
+//                                          exact and no other fleet's names[0] written
+//                                          alike in stat names (ModelMetricTag); no
+//                                          name twice across all fleets
 //     models[i].pools                      required; as pools (decode needs an endpoint
 //                                          or discovery)
 //     models[i].disaggregation             as disaggregation; its mode other than off
@@ -776,7 +778,8 @@ const cfgModelNameMax = 256
 // level's (base) and takes the fleet's own fields over it.
 func cfgModels(path string, v gjson.Result, base DisaggregationConfig) ([]Model, error) {
 	var out []Model
-	namedBy := map[string]string{} // name → the field that named it first
+	namedBy := map[string]string{}  // name → the field that named it first
+	taggedBy := map[string]string{} // a first name's metric tag → the field that gave it
 	err := cfgArray(path, v, func(i int, mp string, el gjson.Result) error {
 		m := Model{Disaggregation: base}
 		hasNames, hasPools := false, false
@@ -795,6 +798,14 @@ func cfgModels(path string, v gjson.Result, base DisaggregationConfig) ([]Model,
 						return cfgErr(np, "%s is already named by %s", cfgQuote(s), prev)
 					}
 					namedBy[s] = np
+					if j == 0 {
+						tag := ModelMetricTag(s)
+						if prev, dup := taggedBy[tag]; dup {
+							return cfgErr(np, "%s names its fleet's metrics %s, as %s does: the two fleets' counters would be one; rename one, or put another of its names first",
+								cfgQuote(s), cfgQuote(tag), prev)
+						}
+						taggedBy[tag] = np
+					}
 					m.Names = append(m.Names, s)
 					return nil
 				})

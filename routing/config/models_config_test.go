@@ -40,6 +40,17 @@ func TestParseConfigModels(t *testing.T) {
 	assert.Equal(t, "", c.Headers.Model)
 }
 
+func TestParseConfigModelsOnlyFirstNamesNameMetrics(t *testing.T) {
+	// A later name is matched against requests but names no counter, so it may write
+	// like another fleet's first name.
+	c, err := ParseConfig([]byte(`{"models":[
+		{"names":["llama-3.1","x"],"pools":{"decode":{"endpoints":[{"address":"10.0.1.1:8000"}]}}},
+		{"names":["y","llama-3_1"],"pools":{"decode":{"endpoints":[{"address":"10.0.1.2:8000"}]}}}]}`))
+	require.NoError(t, err)
+	assert.Equal(t, "llama-3_1", ModelMetricTag(c.Models[0].Names[0]))
+	assert.Equal(t, "y", ModelMetricTag(c.Models[1].Names[0]))
+}
+
 func TestParseConfigModelsRefusals(t *testing.T) {
 	fleet := func(names string) string {
 		return `{"names":` + names + `,"pools":{"decode":{"endpoints":[{"address":"10.0.1.1:8000"}]}}}`
@@ -62,6 +73,9 @@ func TestParseConfigModelsRefusals(t *testing.T) {
 			`must not contain control characters, got "a\nb"`},
 		{"name twice", `{"models":[` + fleet(`["a"]`) + `,` + fleet(`["b","a"]`) + `]}`, "models[1].names[1]",
 			`"a" is already named by models[0].names[0]`},
+		{"first names alike as metrics", `{"models":[` + fleet(`["llama-3.1"]`) + `,` + fleet(`["llama-3_1"]`) + `]}`,
+			"models[1].names[0]", `"llama-3_1" names its fleet's metrics "llama-3_1", as models[0].names[0] does: ` +
+				`the two fleets' counters would be one; rename one, or put another of its names first`},
 		{"no decode endpoint", `{"models":[{"names":["a"],"pools":{"decode":{"endpoints":[]}}}]}`,
 			"models[0].pools.decode.endpoints", "must hold at least one endpoint (or set models[0].pools.decode.discovery)"},
 		{"bad address", `{"models":[{"names":["a"],"pools":{"decode":{"endpoints":[{"address":"nope"}]}}}]}`,

@@ -445,18 +445,6 @@ func bufferLimit(v *wrapperspb.UInt32Value) int64 {
 
 // TargetGaugeName is the Envoy stat name of a target's gauge, as the filter defines it
 // (filter/metrics.go) with Envoy's "wasmcustom." prefix for wasm-defined stats.
-// ModelMetricTag is a model name as the filter writes it into its per-model stat
-// names (filter.MetricModelTag): every byte other than [A-Za-z0-9_-] as '_'.
-func ModelMetricTag(name string) string {
-	b := []byte(name)
-	for i, c := range b {
-		if !(c == '_' || c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
-			b[i] = '_'
-		}
-	}
-	return string(b)
-}
-
 func TargetGaugeName(t routing.Target) (name, endpointLabel string) {
 	ep := strings.NewReplacer(".", "_", ":", "_").Replace(t.Address)
 	return "wasmcustom.kvroute_target_active_requests." + ep + ".rank_" + t.RankText, ep
@@ -510,7 +498,7 @@ func CheckStatsTags(specs []*metricsv3.TagSpecifier, cfg config.Config) error {
 	}
 	for i, m := range cfg.Models {
 		// Per-model counters carry the model as a label, like the filter names them.
-		tag := ModelMetricTag(m.Names[0])
+		tag := config.ModelMetricTag(m.Names[0])
 		for _, base := range []string{"wasmcustom.kvroute_model_requests_routed", "wasmcustom.kvroute_model_decision_sticky"} {
 			name := base + "." + tag
 			got, tags, err := ExtractTags(name, specs)
