@@ -2,7 +2,7 @@ package main
 
 import (
 	"fmt"
-	"strings"
+	"math/rand"
 	"testing"
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
@@ -10,21 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// words is n characters of distinct words, seeded by tag.
-func words(tag string, n int) string {
-	var b strings.Builder
-	for i := 0; b.Len() < n; i++ {
-		fmt.Fprintf(&b, "%s%d ", tag, i)
-	}
-	return b.String()[:n]
-}
-
 func TestNewConversationsGoToTheTargetsThatWorkedLeast(t *testing.T) {
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startHost(t, vm, threeEndpoints)
+		rng := rand.New(rand.NewSource(21))
 		// A long prompt without an id is computed on one target and done: nothing is
 		// queued anywhere, but that target has worked lately and the others have not.
-		busy, _, _ := h.route(post("/v1/chat/completions", chat(words("doc", 8000))))
+		busy, _, _ := h.route(post("/v1/chat/completions", chat(prose(rng, 8000))))
 		var got []string
 		for c := 0; c < 4; c++ {
 			dest, _, decision := h.route(post("/v1/chat/completions", chat("hi"), [2]string{"x-session-id", fmt.Sprint("q", c)}))
@@ -51,27 +43,28 @@ func TestStickyTurnOverTheCapStaysWhileItsCacheIsWorthTheWait(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
 				h := startHost(t, vm, cfg)
-				system := words("rule", 16000)
-				_, rank, _ := h.route(post("/v1/chat/completions", chat(system+words("warm", 800)), [2]string{"x-data-parallel-rank", "1"}))
+				rng := rand.New(rand.NewSource(22))
+				system := prose(rng, 16000)
+				_, rank, _ := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-data-parallel-rank", "1"}))
 				require.Equal(t, "1", rank)
 				conv := [2]string{"x-session-id", "c"}
-				first := system + words("first", 800)
+				first := system + prose(rng, 800)
 				_, rank, decision := h.route(post("/v1/chat/completions", chat(first), conv, [2]string{"x-data-parallel-rank", "0"}))
 				require.Equal(t, "new-conversation", decision)
 				require.Equal(t, "0", rank)
 				var held []uint32
 				for i := 0; i < 2; i++ {
-					id, _ := h.send(post("/v1/chat/completions", chat(words(fmt.Sprint("reply", i), 40000)), [2]string{"x-data-parallel-rank", "0"}))
+					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 40000)), [2]string{"x-data-parallel-rank", "0"}))
 					// The first chunk: the prefill is over, the reply still decoding.
 					h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
 					h.CallOnResponseBody(id, []byte("data: {}\n\n"), false)
 					held = append(held, id)
 				}
 				if tc.queued > 0 {
-					id, _ := h.send(post("/v1/chat/completions", chat(words("queued", tc.queued)), [2]string{"x-data-parallel-rank", "0"}))
+					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, tc.queued)), [2]string{"x-data-parallel-rank", "0"}))
 					held = append(held, id)
 				}
-				_, rank, decision = h.route(post("/v1/chat/completions", chat(first+words("second", 400)), conv))
+				_, rank, decision = h.route(post("/v1/chat/completions", chat(first+prose(rng, 400)), conv))
 				assert.Equal(t, tc.decision, decision)
 				if tc.decision == "sticky" {
 					assert.Equal(t, "0", rank)
