@@ -52,29 +52,62 @@ func TestStickyTurnOverTheCapStaysWhileItsCacheIsWorthTheWait(t *testing.T) {
 				_, rank, decision := h.route(post("/v1/chat/completions", chat(first), conv, [2]string{"x-data-parallel-rank", "0"}))
 				require.Equal(t, "new-conversation", decision)
 				require.Equal(t, "0", rank)
-				var held []uint32
-				for i := 0; i < 2; i++ {
-					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 40000)), [2]string{"x-data-parallel-rank", "0"}))
-					// The first chunk: the prefill is over, the reply still decoding.
-					h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
-					h.CallOnResponseBody(id, []byte("data: {}\n\n"), false)
-					held = append(held, id)
-				}
+				held := h.decodeOnRank0(rng, 2, 40000)
 				if tc.queued > 0 {
 					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, tc.queued)), [2]string{"x-data-parallel-rank", "0"}))
 					held = append(held, id)
 				}
 				_, rank, decision = h.route(post("/v1/chat/completions", chat(first+prose(rng, 400)), conv))
 				assert.Equal(t, tc.decision, decision)
-				if tc.decision == "sticky" {
-					assert.Equal(t, "0", rank)
-				} else {
-					assert.NotEqual(t, "0", rank)
-				}
+				assert.Equal(t, tc.decision == "sticky", rank == "0", "rank %s", rank)
 				for _, id := range held {
 					h.respond(id, 200)
 				}
 			})
 		})
 	}
+}
+
+func TestContinuationLeavesAHolderFarOverTheCap(t *testing.T) {
+	// One endpoint of three ranks, the rank trusted so the load can be put on rank 0:
+	// a 4000-token prompt without an id is computed there, then requests decode there
+	// (their prefill over). Its continuation stays while the holder is just at the cap,
+	// and is computed elsewhere once the cap's charge outweighs the cached prompt.
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	for _, tc := range []struct {
+		name     string
+		decoding int
+		decision string
+	}{{"at the cap", 2, "continuation"}, {"far over it", 20, "load"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(23))
+				prompt := prose(rng, 16000)
+				_, rank, _ := h.route(post("/v1/chat/completions", chat(prompt), [2]string{"x-data-parallel-rank", "0"}))
+				require.Equal(t, "0", rank)
+				held := h.decodeOnRank0(rng, tc.decoding, 8000)
+				_, rank, decision := h.route(post("/v1/chat/completions", chat(prompt+prose(rng, 400))))
+				assert.Equal(t, tc.decision, decision)
+				assert.Equal(t, tc.decision == "continuation", rank == "0", "rank %s", rank)
+				for _, id := range held {
+					h.respond(id, 200)
+				}
+			})
+		})
+	}
+}
+
+// decodeOnRank0 sends n requests of chars characters of prose to rank 0 and delivers
+// their first chunks: their prefill is over, their replies still decoding. It returns
+// their ids, for the test to end them.
+func (h *host) decodeOnRank0(rng *rand.Rand, n, chars int) []uint32 {
+	var held []uint32
+	for i := 0; i < n; i++ {
+		id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, chars)), [2]string{"x-data-parallel-rank", "0"}))
+		h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+		h.CallOnResponseBody(id, []byte("data: {}\n\n"), false)
+		held = append(held, id)
+	}
+	return held
 }

@@ -387,11 +387,12 @@ func (r *Router) loadOf(l Load) int64 {
 // requests need. Ties go to fewer active tokens, then to a
 // shuffle seeded by the request identity, so every VM and replica picks alike.
 func (r *Router) cheapest(v *poolView, cands []int, req *extract.Request, matched []int) int {
-	return r.cheapestFrom(v, cands, req, matched, -1, 0)
+	return r.cheapestFrom(v, cands, req, matched, -1, 0, 0)
 }
 
-// cheapestFrom is cheapest with leave added to the cost of every target but home.
-func (r *Router) cheapestFrom(v *poolView, cands []int, req *extract.Request, matched []int, home int, leave float64) int {
+// cheapestFrom is cheapest with stay added to the cost of home and leave to the cost
+// of every other target.
+func (r *Router) cheapestFrom(v *poolView, cands []int, req *extract.Request, matched []int, home int, stay, leave float64) int {
 	if len(cands) == 0 {
 		return -1
 	}
@@ -415,7 +416,9 @@ func (r *Router) cheapestFrom(v *poolView, cands []int, req *extract.Request, ma
 		}
 		l := &v.loads[i]
 		cost := float64(v.ahead[i]) + (ownWeight+float64(l.Prefills))*(reqTokens-m) + w*float64(l.Tokens)/denom*reqTokens
-		if i != home {
+		if i == home {
+			cost += stay
+		} else {
 			cost += leave
 		}
 		if best < 0 || cost < bestCost ||
@@ -678,7 +681,9 @@ func (r *Router) matchedTokens(v *poolView, req *extract.Request, pr *prompt, ca
 // the gated cost (pure load when nothing matched). A holder keeps a continuation outright
 // when it is under the fair-share cap and what is queued there is no more than its
 // cache is worth (queueFits); otherwise it keeps it only if it is still the cheapest
-// of the candidates and itself.
+// of the candidates and itself, its cost charged overCap: a prefix many requests share
+// at once (a burst) is copied to other targets once its holder has more than its share
+// of them, instead of filling the running slots of one engine.
 func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (int, Kind) {
 	cands, capped := v.candidates()
 	if capped {
@@ -699,7 +704,8 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 		if extra {
 			cands = append(cands, h)
 		}
-		if i := r.cheapest(v, cands, req, r.matchedTokens(v, req, pr, cands)); i == h {
+		matched := r.matchedTokens(v, req, pr, cands)
+		if i := r.cheapestFrom(v, cands, req, matched, h, float64(v.overCap(h)), 0); i == h {
 			return h, KindContinuation
 		}
 		if extra {
@@ -856,7 +862,7 @@ func (r *Router) scoredFrom(v *poolView, req *extract.Request, pr *prompt, home 
 	if len(pr.cps) > 0 {
 		leave = ownWeight * float64(max(0, req.Tokens-m))
 	}
-	return r.cheapestFrom(v, cands, req, matched, home, leave)
+	return r.cheapestFrom(v, cands, req, matched, home, 0, leave)
 }
 
 // firstTurn places a new conversation by conversation.first_turn.

@@ -62,3 +62,38 @@ func TestStickyTurnOverTheCapOverflowsBehindALongQueue(t *testing.T) {
 	assert.Equal(t, KindOverflow, d.Kind)
 	assert.NotEqual(t, home.ID, d.Target.ID)
 }
+
+// continuationBesideABusyHolder caches a 2000-token prompt without an id on one of
+// three targets, has decoding requests of 2000 tokens each decoding there (their
+// prefill over), and decides the prompt's continuation, 100 tokens longer.
+func continuationBesideABusyHolder(t *testing.T, decoding int) (holder Target, d Decision) {
+	clock := &fakeClock{ms: 1e6}
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
+	rng := rand.New(rand.NewSource(11))
+	prompt := words(rng, 8000)
+	warm := r.Decide(textRequest(prompt, 1), NoRank)
+	require.NoError(t, r.FirstChunk(&warm.Ticket))
+	require.NoError(t, r.Release(warm.Ticket))
+	for i := 0; i < decoding; i++ {
+		tk, err := r.decode.ledger.AcquireQueued(warm.Target.ID, 2000, 2000, 0, clock.ms)
+		require.NoError(t, err)
+		require.NoError(t, r.decode.ledger.FirstChunk(&tk, clock.ms))
+	}
+	return warm.Target, r.Decide(textRequest(prompt+words(rng, 400), 2), NoRank)
+}
+
+func TestContinuationStaysOnAHolderJustAtTheCap(t *testing.T) {
+	// 4 requests put the holder at the cap (2 × ceil(5 / 3)): one request's charge
+	// (2000 tokens, the recent mean) is less than recomputing 2000 cached tokens.
+	holder, d := continuationBesideABusyHolder(t, 4)
+	assert.Equal(t, KindContinuation, d.Kind)
+	assert.Equal(t, holder.ID, d.Target.ID)
+}
+
+func TestContinuationLeavesAHolderFarOverTheCap(t *testing.T) {
+	// 20 requests, 7 from one below the cap (2 × ceil(21 / 3)) up: the charge
+	// outweighs the prompt cached there, and the continuation is computed elsewhere.
+	holder, d := continuationBesideABusyHolder(t, 20)
+	assert.Equal(t, KindLoad, d.Kind)
+	assert.NotEqual(t, holder.ID, d.Target.ID)
+}
