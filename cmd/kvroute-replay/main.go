@@ -138,13 +138,16 @@ func parseFlags(args []string) (*options, error) {
 }
 
 func main() {
-	// Hidden modes: a gateway replica child (replica_child.go) and the chat-trace
-	// generator (chattrace.go).
+	// Hidden modes: a gateway replica child (replica_child.go), the chat-trace
+	// generator (chattrace.go) and the workload-shape generator (shapes.go).
 	if len(os.Args) > 1 && os.Args[1] == "-replica" {
 		os.Exit(replicaMain(os.Args[2:]))
 	}
 	if len(os.Args) > 1 && os.Args[1] == "-gen-chat" {
 		os.Exit(chatTraceMain(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "-gen-shape" {
+		os.Exit(shapeMain(os.Args[2:]))
 	}
 	start := time.Now()
 	o, err := parseFlags(os.Args[1:])

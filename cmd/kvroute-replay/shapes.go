@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"sort"
+)
+
+// Mooncake-format workloads of shapes the shipped traces do not have, to test the
+// routing mechanisms on: `kvroute-replay -gen-shape <shape> -o file [-seed n]`. Each is
+// deterministic for its seed; prompts are counted in 512-token blocks, and equal hash
+// ids are a shared prefix, as in Mooncake's traces. Outputs are 50–400 tokens.
+//
+//   - bursts: a background of 5 requests/s (Poisson) with prompts of 500–4000 tokens
+//     that share nothing, and every minute from 30 s on a burst of 80 requests within
+//     2 s on one new prefix of 8–29 blocks (4096–14848 tokens), each request adding
+//     100–600 tokens of its own; 10 minutes. A hot prefix, worth copying to several
+//     targets at once.
+//   - documents: 3 documents of 196 blocks (100352 tokens), 2500 questions of
+//     50–500 tokens about one of them at 6/s (Poisson). A few huge shared prefixes.
+//   - apps: 20 applications, each with a system prompt of 16 blocks (8192 tokens),
+//     4000 one-shot questions of 100–1500 tokens at 10/s (Poisson); application k
+//     is asked in proportion to 1/(k+1). Long shared prompts of uneven popularity,
+//     without conversation ids.
+type shapeGen struct {
+	rng  *chatRand
+	next uint64 // the next unused hash id
+	out  []MooncakeRecord
+}
+
+var shapes = map[string]func(g *shapeGen){
+	"bursts":    (*shapeGen).bursts,
+	"documents": (*shapeGen).documents,
+	"apps":      (*shapeGen).apps,
+}
+
+// ids returns n new hash ids.
+func (g *shapeGen) ids(n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = g.next
+		g.next++
+	}
+	return out
+}
+
+// add appends a request at atS seconds whose prompt is prefix (whole blocks) and own
+// tokens of its own.
+func (g *shapeGen) add(atS float64, prefix []uint64, own int) {
+	tokens := len(prefix)*MooncakeBlockTokens + own
+	blocks := (tokens + MooncakeBlockTokens - 1) / MooncakeBlockTokens
+	g.out = append(g.out, MooncakeRecord{
+		Timestamp:    math.Round(atS * 1000),
+		InputLength:  tokens,
+		OutputLength: g.rng.uniform(50, 400),
+		HashIDs:      append(append([]uint64(nil), prefix...), g.ids(blocks-len(prefix))...),
+	})
+}
+
+func (g *shapeGen) bursts() {
+	const durationS = 600
+	for at := g.rng.exp(1.0 / 5); at < durationS; at += g.rng.exp(1.0 / 5) {
+		g.add(at, nil, g.rng.uniform(500, 4000))
+	}
+	for start := 30.0; start < durationS; start += 60 {
+		prefix := g.ids(g.rng.uniform(8, 29))
+		for i := 0; i < 80; i++ {
+			at := start + 2*float64(g.rng.next()>>11)/(1<<53)
+			g.add(at, prefix, g.rng.uniform(100, 600))
+		}
+	}
+}
+
+func (g *shapeGen) documents() {
+	docs := [][]uint64{g.ids(196), g.ids(196), g.ids(196)}
+	at := 0.0
+	for q := 0; q < 2500; q++ {
+		at += g.rng.exp(1.0 / 6)
+		g.add(at, docs[g.rng.next()%3], g.rng.uniform(50, 500))
+	}
+}
+
+func (g *shapeGen) apps() {
+	const apps = 20
+	prompts := make([][]uint64, apps)
+	total := 0.0
+	for k := range prompts {
+		prompts[k] = g.ids(16)
+		total += 1 / float64(k+1)
+	}
+	at := 0.0
+	for q := 0; q < 4000; q++ {
+		at += g.rng.exp(1.0 / 10)
+		u := float64(g.rng.next()>>11) / (1 << 53) * total
+		k := 0
+		for ; k < apps-1; k++ {
+			if u -= 1 / float64(k+1); u < 0 {
+				break
+			}
+		}
+		g.add(at, prompts[k], g.rng.uniform(100, 1500))
+	}
+}
+
+// writeShape writes the workload of shape for seed, in arrival order.
+func writeShape(w io.Writer, shape string, seed uint64) error {
+	gen, ok := shapes[shape]
+	if !ok {
+		return fmt.Errorf("unknown shape %q (bursts, documents, apps)", shape)
+	}
+	g := &shapeGen{rng: &chatRand{s: seed}}
+	gen(g)
+	sort.SliceStable(g.out, func(i, j int) bool { return g.out[i].Timestamp < g.out[j].Timestamp })
+	bw := bufio.NewWriter(w)
+	enc := json.NewEncoder(bw)
+	for i := range g.out {
+		if err := enc.Encode(&g.out[i]); err != nil {
+			return err
+		}
+	}
+	return bw.Flush()
+}
+
+// shapeMain is `kvroute-replay -gen-shape <shape> [-o file] [-seed n]`: it writes the
+// workload and returns the exit code.
+func shapeMain(args []string) int {
+	if len(args) == 0 || args[0] == "" || args[0][0] == '-' {
+		fmt.Fprintln(os.Stderr, "usage: kvroute-replay -gen-shape bursts|documents|apps [-o file] [-seed n]")
+		return 2
+	}
+	shape := args[0]
+	fs := flag.NewFlagSet("kvroute-replay -gen-shape", flag.ContinueOnError)
+	out := fs.String("o", "build/"+shape+".jsonl", "write the trace here")
+	seed := fs.Uint64("seed", 1, "seed")
+	if err := fs.Parse(args[1:]); err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		return 2
+	}
+	if err := writeFile(*out, func(w io.Writer) error { return writeShape(w, shape, *seed) }); err != nil {
+		fmt.Fprintln(os.Stderr, "kvroute-replay -gen-shape:", err)
+		return 1
+	}
+	fmt.Printf("wrote %s: %s, seed %d\n", *out, shape, *seed)
+	return 0
+}

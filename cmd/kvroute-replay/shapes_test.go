@@ -1,0 +1,88 @@
+package main
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// readShape generates shape with seed and reads it back as the replayer does.
+func readShape(t *testing.T, shape string, seed uint64) ([]MooncakeRecord, []byte) {
+	t.Helper()
+	var buf bytes.Buffer
+	require.NoError(t, writeShape(&buf, shape, seed))
+	recs, err := ReadMooncake(bytes.NewReader(buf.Bytes()), 0)
+	require.NoError(t, err)
+	for i := 1; i < len(recs); i++ {
+		require.LessOrEqual(t, recs[i-1].Timestamp, recs[i].Timestamp, "arrival order")
+	}
+	return recs, buf.Bytes()
+}
+
+// byPrefix groups records by their first hash id.
+func byPrefix(recs []MooncakeRecord) map[uint64][]MooncakeRecord {
+	out := map[uint64][]MooncakeRecord{}
+	for _, r := range recs {
+		out[r.HashIDs[0]] = append(out[r.HashIDs[0]], r)
+	}
+	return out
+}
+
+func TestShapesAreDeterministicPerSeed(t *testing.T) {
+	for shape := range shapes {
+		_, a := readShape(t, shape, 1)
+		_, b := readShape(t, shape, 1)
+		_, c := readShape(t, shape, 2)
+		assert.Equal(t, a, b, shape)
+		assert.NotEqual(t, a, c, shape)
+	}
+	assert.Error(t, writeShape(&bytes.Buffer{}, "storms", 1))
+}
+
+func TestBurstsShareOnePrefixWithinTwoSeconds(t *testing.T) {
+	recs, _ := readShape(t, "bursts", 3)
+	bursts := 0
+	for _, group := range byPrefix(recs) {
+		if len(group) == 1 {
+			assert.LessOrEqual(t, group[0].InputLength, 4000, "the background shares nothing")
+			continue
+		}
+		bursts++
+		require.Len(t, group, 80)
+		first, last := group[0], group[len(group)-1]
+		assert.Less(t, last.Timestamp-first.Timestamp, 2000.0)
+		shared := 0
+		for shared < len(first.HashIDs) && first.HashIDs[shared] == last.HashIDs[shared] {
+			shared++
+		}
+		assert.GreaterOrEqual(t, shared, 8)
+		assert.LessOrEqual(t, shared, 29)
+	}
+	assert.Equal(t, 10, bursts)
+}
+
+func TestDocumentsAndAppsShareTheirPrefixes(t *testing.T) {
+	recs, _ := readShape(t, "documents", 4)
+	docs := byPrefix(recs)
+	require.Len(t, docs, 3)
+	for _, qs := range docs {
+		assert.Equal(t, qs[0].HashIDs[:196], qs[len(qs)-1].HashIDs[:196])
+		assert.Greater(t, len(qs), 700)
+	}
+	recs, _ = readShape(t, "apps", 5)
+	apps := byPrefix(recs)
+	require.Len(t, apps, 20)
+	counts := []int{}
+	for _, qs := range apps {
+		assert.Equal(t, qs[0].HashIDs[:16], qs[len(qs)-1].HashIDs[:16])
+		counts = append(counts, len(qs))
+	}
+	// The most asked application is about 20 × the least (1/1 against 1/20).
+	lo, hi := counts[0], counts[0]
+	for _, c := range counts {
+		lo, hi = min(lo, c), max(hi, c)
+	}
+	assert.Greater(t, hi, 10*lo)
+}
