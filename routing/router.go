@@ -31,15 +31,14 @@ type Router struct {
 
 // poolState is one pool's targets and the shared records kept for it.
 type poolState struct {
-	name       string
-	targets    *PoolTargets
-	endpointFP []uint64 // per endpoint index, for health
-	ledger     *LoadLedger
-	health     *HealthBoard
-	cursor     *Cursor
-	index      *prefix.PrefixIndex
-	conv       *ConversationTable
-	engine     *engine.EngineBoard // nil unless engine_metrics.enabled
+	name    string
+	targets *PoolTargets
+	ledger  *LoadLedger
+	health  *HealthBoard
+	cursor  *Cursor
+	index   *prefix.PrefixIndex
+	conv    *ConversationTable
+	engine  *engine.EngineBoard // nil unless engine_metrics.enabled
 
 	// engineFigures is the board as last read, with when (a VM reads it at most every
 	// engineReadMS: figures change once per scrape).
@@ -134,10 +133,6 @@ func (ps *poolState) setTargets(eps []config.Endpoint) {
 		ps.everyTarget[i] = i
 	}
 	ps.candBuf = make([]int, 0, n)
-	ps.endpointFP = ps.endpointFP[:0]
-	for _, e := range eps {
-		ps.endpointFP = append(ps.endpointFP, hashx.FingerprintString(e.Address))
-	}
 }
 
 // DecodeTargets and PrefillTargets expose the expanded pools (for gauges and tools).
@@ -222,7 +217,7 @@ func (p *poolState) eligibleTargets(rank int, ejected map[uint64]bool) []int {
 	ts := p.targets.Targets
 	eligible := p.viewEligible[:0]
 	for i := range ts {
-		if (rank == NoRank || ts[i].Rank == rank) && !ejected[p.endpointFP[ts[i].Endpoint]] {
+		if (rank == NoRank || ts[i].Rank == rank) && !ejected[ts[i].EndpointFP] {
 			eligible = append(eligible, i)
 		}
 	}

@@ -23,7 +23,6 @@ type Target struct {
 	DPSize        int    // of its endpoint; the rank header is sent only when > 1
 	RankText      string // Rank in decimal, ready for a header
 	BootstrapPort int    // sglang prefill endpoints
-	Endpoint      int    // index of its endpoint in the pool, for per-endpoint health
 	EndpointFP    uint64 // hashx.FingerprintString(Address): the endpoint's key on the health board
 }
 
@@ -49,7 +48,7 @@ func NewPoolTargets(p config.Pool) *PoolTargets {
 		}
 	}
 	for rank := 0; rank < maxDP; rank++ {
-		for i, e := range p.Endpoints {
+		for _, e := range p.Endpoints {
 			dp := e.DPSize
 			if dp < 1 {
 				dp = 1
@@ -69,7 +68,6 @@ func NewPoolTargets(p config.Pool) *PoolTargets {
 				DPSize:        dp,
 				RankText:      strconv.Itoa(worker),
 				BootstrapPort: bp,
-				Endpoint:      i,
 				EndpointFP:    hashx.FingerprintString(e.Address),
 			}
 			pt.Targets = append(pt.Targets, t)
