@@ -3,6 +3,9 @@
 # and `image` also build deploy/tools, whose Envoy, Kubernetes and kustomize modules need 1.26.
 GO        ?= go
 WASM      := build/kvroute.wasm
+# The same module with injected faults armed by a host property (filter/fault_inject.go),
+# for the tests of what the filter does when it panics; never shipped.
+FAULT_WASM := build/kvroute-faults.wasm
 WASM_SRC  := $(shell find filter routing internal -name '*.go' -not -name '*_test.go') go.mod go.sum
 
 # Every wasm module is built with a patch of Go's wasip1 runtime (internal/wasip1patch):
@@ -26,6 +29,9 @@ $(OVERLAY): internal/wasip1patch/main.go $(GOROOT_RUNTIME)/os_wasip1.go $(GOROOT
 $(WASM): $(WASM_SRC) $(OVERLAY)
 	$(WASM_GO) -o $(WASM) ./filter
 
+$(FAULT_WASM): $(WASM_SRC) $(OVERLAY)
+	$(WASM_GO) -tags kvroute_faults -o $(FAULT_WASM) ./filter
+
 # The main job: build the wasm and replay the Mooncake trace and the chat trace (with
 # conversation ids) through it in the SDK host emulator against a modelled fleet, next
 # to the baselines, at 1x and 2x the traces' arrival rates, over DRAWS tie-break draws,
@@ -43,7 +49,7 @@ samples: build
 	$(GO) run ./cmd/kvroute-demo -wasm $(WASM) -requests testdata/requests
 
 # go vet and every test; the wasm is built first so wasm-mode tests test this code.
-test: build
+test: build $(FAULT_WASM)
 	$(GO) vet ./...
 	$(GO) test -count=1 ./...
 	$(GO) test -count=1 -race -run 'Concurren|NoLostUpdates|Lease|Board|Batches' ./routing/...

@@ -14,28 +14,35 @@ import (
 )
 
 // Every filter test runs twice: against the Go plugin and against the compiled
-// build/kvroute.wasm in wazero. The module is compiled once per test binary.
-const wasmPath = "../build/kvroute.wasm"
-
+// build/kvroute.wasm in wazero. The tests of injected faults run the same module built
+// with the kvroute_faults tag. Each module is compiled once per test binary.
 var (
-	wasmOnce sync.Once
-	wasmVM   proxytest.WasmVMContext
-	wasmErr  error
+	shipped = &wasmModule{path: "../build/kvroute.wasm", make: "make build"}
+	faulty  = &wasmModule{path: "../build/kvroute-faults.wasm", make: "make build/kvroute-faults.wasm"}
 )
 
-func compiledVM(t testing.TB) types.VMContext {
-	wasmOnce.Do(func() {
+// wasmModule is one wasm module, loaded into wazero at its first use.
+type wasmModule struct {
+	path, make string
+	once       sync.Once
+	vm         proxytest.WasmVMContext
+	err        error
+}
+
+func (m *wasmModule) load(t testing.TB) types.VMContext {
+	m.once.Do(func() {
 		var bin []byte
-		bin, wasmErr = os.ReadFile(wasmPath)
-		if wasmErr == nil {
-			wasmVM, wasmErr = proxytest.NewWasmVMContext(bin)
+		if bin, m.err = os.ReadFile(m.path); m.err == nil {
+			m.vm, m.err = proxytest.NewWasmVMContext(bin)
 		}
 	})
-	if wasmErr != nil {
-		t.Fatalf("the compiled module is needed for wasm-mode tests (run `make build`): %v", wasmErr)
+	if m.err != nil {
+		t.Fatalf("the compiled module is needed for wasm-mode tests (run `%s`): %v", m.make, m.err)
 	}
-	return wasmVM
+	return m.vm
 }
+
+func compiledVM(t testing.TB) types.VMContext { return shipped.load(t) }
 
 // bothVMs runs fn once with the Go plugin and once with the compiled wasm.
 func bothVMs(t *testing.T, fn func(t *testing.T, vm types.VMContext)) {

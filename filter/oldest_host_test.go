@@ -19,7 +19,7 @@ import (
 // show what that host would do to the module.
 
 func compiledModule(t *testing.T) []byte {
-	bin, err := os.ReadFile(wasmPath)
+	bin, err := os.ReadFile(shipped.path)
 	if err != nil {
 		t.Fatalf("the compiled module is needed (run `make build`): %v", err)
 	}

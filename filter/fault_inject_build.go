@@ -1,0 +1,5 @@
+//go:build kvroute_faults
+
+package main
+
+func init() { injectFaults() }
