@@ -677,8 +677,8 @@ func (r *Router) matchedTokens(v *poolView, req *extract.Request, pr *prompt, ca
 // when it is under the fair-share cap and what is queued there is no more than its
 // cache is worth (queueFits); otherwise it keeps it only if it is still the cheapest
 // of the candidates and itself, its cost charged overCap: a prefix many requests share
-// at once (a burst) is copied to other targets once its holder has more than its share
-// of them, instead of filling the running slots of one engine.
+// at once (a burst) is copied to other targets once its holder reaches the cap with
+// them, instead of filling the running slots of one engine.
 func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (int, Kind) {
 	cands, capped := v.candidates()
 	if capped {

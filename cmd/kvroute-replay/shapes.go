@@ -12,7 +12,7 @@ import (
 )
 
 // Mooncake-format workloads of shapes the shipped traces do not have, to test the
-// routing mechanisms on: `kvroute-replay -gen-shape <shape> -o file [-seed n]`. Each is
+// routing mechanisms on: `kvroute-replay -gen-shape <shape> [-o file] [-seed n]`. Each is
 // deterministic for its seed; prompts are counted in 512-token blocks, and equal hash
 // ids are a shared prefix, as in Mooncake's traces. Outputs are 50–400 tokens.
 //
@@ -27,10 +27,13 @@ import (
 //     4000 one-shot questions of 100–1500 tokens at 10/s (Poisson); application k
 //     is asked in proportion to 1/(k+1). Long shared prompts of uneven popularity,
 //     without conversation ids.
+
+// shapeGen builds one workload: its random numbers, the next free hash id and the
+// requests so far.
 type shapeGen struct {
-	rng  *chatRand
-	next uint64 // the next unused hash id
-	out  []MooncakeRecord
+	rng  *chatRand        // every draw, so a seed gives the same bytes
+	next uint64           // the next unused hash id
+	out  []MooncakeRecord // the requests, in the order made (sorted by arrival at the end)
 }
 
 var shapes = map[string]func(g *shapeGen){
