@@ -18,21 +18,19 @@ type ExtractOptions struct {
 	BlockTokens   int      // prefix.block_tokens, >= 1 (smaller values are treated as 1)
 	BodyFields    []string // conversation.body_fields (gjson paths); nil when conversation affinity is disabled
 
-	heads    []string // the first step of each body field's path, once Prepared
+	heads    []string // bodyFields.head of the fast paths, once Prepared
 	headLens uint64   // bodyFields.lens of heads, once Prepared
 	headGets bool     // bodyFields.gets of heads, once Prepared
+	prepared bool     // Prepared filled the three above
 }
 
 // Prepared returns the options with the body-field paths worked out once, for a
 // caller that extracts every request with the same options.
 func (opt ExtractOptions) Prepared() ExtractOptions {
-	opt.heads = make([]string, len(opt.BodyFields))
-	for i, f := range opt.BodyFields {
-		opt.heads[i] = simpleHead(f)
-	}
 	var f bodyFields
 	f.prepare(opt)
-	opt.headLens, opt.headGets = f.lens, f.gets
+	opt.heads = append([]string(nil), f.head[:f.n]...)
+	opt.headLens, opt.headGets, opt.prepared = f.lens, f.gets, true
 	return opt
 }
 
@@ -300,7 +298,7 @@ type bodyFields struct {
 // prepare sets the first step of each fast path.
 func (f *bodyFields) prepare(opt ExtractOptions) {
 	f.n = min(len(opt.BodyFields), fastBodyFields)
-	if len(opt.heads) == len(opt.BodyFields) && opt.headLens != 0 {
+	if opt.prepared {
 		for i := 0; i < f.n; i++ {
 			f.head[i] = opt.heads[i]
 		}

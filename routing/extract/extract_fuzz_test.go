@@ -41,6 +41,7 @@ func FuzzExtract(f *testing.F) {
 	opts := []ExtractOptions{
 		defaultExtractOptions(),
 		{CharsPerToken: 3, BlockTokens: 1, BodyFields: []string{"conversation.id", "user", "metadata.session", `a\.b`}},
+		{CharsPerToken: 4, BlockTokens: 16, BodyFields: []string{"user.0", `a\.b`}}, // no path on the fast path
 		{},
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {

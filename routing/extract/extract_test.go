@@ -355,15 +355,17 @@ func TestExtractConversation(t *testing.T) {
 		req = mustExtract(t, APIResponses, `{"input":"x","conversation":{"id":"conv_1"}}`, opt)
 		assert.Equal(t, fp("conv_1"), req.Conversation)
 	})
-	t.Run("gjson paths beyond plain names", func(t *testing.T) {
+	t.Run("gjson paths beyond plain names, prepared or not", func(t *testing.T) {
 		opt := opt
 		opt.BodyFields = []string{`metadata.tags.#(k=="session").v`, `meta\.id`, "user.0"}
-		req := mustExtract(t, APIChatCompletions, `{"metadata":{"tags":[{"k":"a","v":"1"},{"k":"session","v":"s-9"}]},"messages":[]}`, opt)
-		assert.Equal(t, fp("s-9"), req.Conversation)
-		req = mustExtract(t, APIChatCompletions, `{"meta.id":"dotted","messages":[]}`, opt)
-		assert.Equal(t, fp("dotted"), req.Conversation)
-		req = mustExtract(t, APIChatCompletions, `{"user":["u-1"],"messages":[]}`, opt)
-		assert.Equal(t, fp("u-1"), req.Conversation)
+		for _, o := range []ExtractOptions{opt, opt.Prepared()} {
+			req := mustExtract(t, APIChatCompletions, `{"metadata":{"tags":[{"k":"a","v":"1"},{"k":"session","v":"s-9"}]},"messages":[]}`, o)
+			assert.Equal(t, fp("s-9"), req.Conversation)
+			req = mustExtract(t, APIChatCompletions, `{"meta.id":"dotted","messages":[]}`, o)
+			assert.Equal(t, fp("dotted"), req.Conversation)
+			req = mustExtract(t, APIChatCompletions, `{"user":["u-1"],"messages":[]}`, o)
+			assert.Equal(t, fp("u-1"), req.Conversation)
+		}
 	})
 	t.Run("names of any length, prepared or not", func(t *testing.T) {
 		long := strings.Repeat("n", 70)
