@@ -69,13 +69,16 @@ func TestReadRequestHeadersWalksTheSerializedMap(t *testing.T) {
 	assert.Equal(t, "r2", id)
 	assert.Equal(t, "a", h.conversation, "the first configured conversation header wins")
 
+	// The pairs' bytes are at the map's end, each name and value NUL-terminated: the
+	// last is x-chat-id: c, the one before it x-request-id: r2.
+	last := len("x-chat-id") + 1 + len("c") + 1
 	h, _ = read(m[:len(m)-1])
 	assert.Equal(t, "a", h.conversation, "the last NUL missing: every pair still fits")
-	h, id = read(m[:len(m)-6])
+	h, id = read(m[:len(m)-last/2])
 	assert.Equal(t, "r2", id, "the last pair cut: the pairs before it are read")
 	assert.Equal(t, "a", h.conversation)
-	h, id = read(m[:len(m)-14]) // into the second x-request-id
-	assert.Equal(t, "r1", id)
+	h, id = read(m[:len(m)-last-len("2\x00")])
+	assert.Equal(t, "r1", id, "the second x-request-id's value cut")
 	assert.Equal(t, "a", h.conversation)
 	for _, bad := range [][]byte{nil, m[:3], m[:4+8*len(hs)-1], {0xff, 0xff, 0xff, 0xff}} {
 		h, id := read(bad)
