@@ -189,6 +189,31 @@ func TestPassiveHealthEjectsAndRecovers(t *testing.T) {
 	})
 }
 
+// Health is per endpoint: the failures of one DP rank eject the whole endpoint, every
+// rank of it, and the other endpoint's ranks all stay in use.
+func TestAnEjectionTakesEveryRankOfTheEndpoint(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, `{"health":{"failure_threshold":3,"cooldown_ms":60000},"pools":{"decode":{"endpoints":[
+			{"address":"10.0.0.1:8000","dp_size":2},{"address":"10.0.0.2:8000","dp_size":2}]}}}`)
+		var bad string
+		for i := 0; i < 3; i++ {
+			id, _ := h.send(post("/v1/chat/completions", chat("x"), [2]string{"x-session-id", "s"}))
+			d, _ := h.header(id, "x-gateway-destination-endpoint")
+			require.True(t, bad == "" || d == bad, "the conversation sticks until the ejection")
+			bad = d
+			h.respond(id, 503)
+		}
+		require.Equal(t, uint64(1), h.counter("kvroute_endpoint_ejections"))
+		ranks := map[string]bool{}
+		for i := 0; i < 20; i++ {
+			d, rank, _ := h.route(post("/v1/completions", fmt.Sprintf(`{"prompt":"p%d"}`, i)))
+			assert.NotEqual(t, bad, d, "no rank of the ejected endpoint takes a request")
+			ranks[rank] = true
+		}
+		assert.Equal(t, map[string]bool{"0": true, "1": true}, ranks, "both ranks of the other endpoint do")
+	})
+}
+
 func TestUpstreamConnectFailureCountsAgainstTarget(t *testing.T) {
 	flags := make([]byte, 8)
 	binary.LittleEndian.PutUint64(flags, 0x20) // UpstreamConnectionFailure
