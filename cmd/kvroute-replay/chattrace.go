@@ -138,10 +138,16 @@ func writeChatTrace(w io.Writer, s chatTraceSpec) error {
 		}
 	}
 	sort.SliceStable(lines, func(i, j int) bool { return lines[i].TimestampMS < lines[j].TimestampMS })
+	return writeJSONLines(w, lines)
+}
+
+// writeJSONLines writes each item as one line of JSON: the form of every trace the
+// replayer generates.
+func writeJSONLines[T any](w io.Writer, items []T) error {
 	bw := bufio.NewWriter(w)
 	enc := json.NewEncoder(bw)
-	for i := range lines {
-		if err := enc.Encode(&lines[i]); err != nil {
+	for i := range items {
+		if err := enc.Encode(&items[i]); err != nil {
 			return err
 		}
 	}

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -119,14 +117,7 @@ func writeShape(w io.Writer, shape string, seed uint64) error {
 	g := &shapeGen{rng: &chatRand{s: seed}}
 	gen(g)
 	sort.SliceStable(g.out, func(i, j int) bool { return g.out[i].Timestamp < g.out[j].Timestamp })
-	bw := bufio.NewWriter(w)
-	enc := json.NewEncoder(bw)
-	for i := range g.out {
-		if err := enc.Encode(&g.out[i]); err != nil {
-			return err
-		}
-	}
-	return bw.Flush()
+	return writeJSONLines(w, g.out)
 }
 
 // shapeMain is `kvroute-replay -gen-shape <shape> [-o file] [-seed n]`: it writes the
