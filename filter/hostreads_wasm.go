@@ -10,8 +10,8 @@ import (
 // The three reads every routed request makes — its headers, its body, the response
 // status — and its header writes go to the host directly rather than through the
 // SDK's wrappers, which allocate their out-parameters and a slice of pairs on every
-// call and turn every status into an error. The host still allocates the returned bytes through
-// the SDK's proxy_on_memory_allocate, as the ABI requires.
+// call and turn every status into an error. The host still allocates the returned
+// bytes through the SDK's proxy_on_memory_allocate, as the ABI requires.
 
 //go:wasmimport env proxy_get_header_map_pairs
 func hostGetHeaderMapPairs(mapType int32, returnData unsafe.Pointer, returnSize *int32) int32

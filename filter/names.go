@@ -2,8 +2,9 @@ package main
 
 // nameTable finds which of a fixed few names (route paths, header names) a string is.
 // A request asks it of its path and each of its headers; in wasm a Go map lookup of a
-// string hashes it, == compares a byte at a time and every call is costly. The table goes by length first (most strings asked of it have a
-// length no name has), then compares keys of three 8-byte windows, inline.
+// string hashes it, == compares a byte at a time and every call is costly. The table
+// goes by length first (most strings asked of it have a length no name has), then
+// compares keys of three 8-byte windows, inline.
 type nameTable struct {
 	byLen [64][]nameEntry // by length
 	long  []nameEntry     // names of 64 bytes or more
