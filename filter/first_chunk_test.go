@@ -11,16 +11,17 @@ import (
 
 // TestFirstResponseChunkEndsTheQueuedPrefill: a request's prefill counts as queued on
 // its target until the first chunk of its response body, not its response headers
-// (a streamed response sends those before the first token). A second request sharing
-// half of the first one's prompt avoids that target while the first is in prefill,
-// and goes there for its cache once the first chunk is back.
+// (a streamed response sends those before the first token). A second request whose
+// first half (4000 tokens) opens the first one's 16000-token prompt avoids that
+// target while the first is in prefill, and goes there for its cache once the first
+// chunk is back.
 func TestFirstResponseChunkEndsTheQueuedPrefillInFilter(t *testing.T) {
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		for _, chunk := range []bool{false, true} {
 			t.Run("chunk="+strconv.FormatBool(chunk), func(t *testing.T) {
 				h := startHost(t, vm, threeEndpoints)
 				rng := rand.New(rand.NewSource(8))
-				doc := prose(rng, 32000) // 8000 tokens
+				doc := prose(rng, 64000) // 16000 tokens
 				a, _ := h.send(post("/v1/completions", completionBody(doc)))
 				home, _ := h.header(a, "x-gateway-destination-endpoint")
 				h.CallOnResponseHeaders(a, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
@@ -34,7 +35,7 @@ func TestFirstResponseChunkEndsTheQueuedPrefillInFilter(t *testing.T) {
 					assert.Equal(t, home, dest, "the prefill is over: the cache there wins")
 					assert.Equal(t, "prefix", dec)
 				} else {
-					assert.NotEqual(t, home, dest, "8000 tokens still queued there")
+					assert.NotEqual(t, home, dest, "16000 tokens still queued there")
 					assert.Equal(t, "load", dec)
 				}
 				h.respond(b, 200)

@@ -78,7 +78,7 @@ func TestContinuationLeavesAHolderFarOverTheCap(t *testing.T) {
 		name     string
 		decoding int
 		decision string
-	}{{"at the cap", 2, "continuation"}, {"far over it", 20, "load"}} {
+	}{{"at the cap", 2, "continuation"}, {"far over it", 40, "load"}} {
 		t.Run(tc.name, func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
 				h := startHost(t, vm, cfg)

@@ -87,7 +87,7 @@ func TestMappedTargetAtTheCapKeepsATurnWhileItIsTheCheapest(t *testing.T) {
 	// fair_share_multiplier 1 with 3 targets: one active request puts a target at the
 	// cap. The conversation's target holds its 2000-token history; its one other
 	// request is past its prefill (decoding) in the first case, still in a prefill of
-	// 9000 tokens in the second — more than the history is worth (4 × 2000).
+	// 13000 tokens in the second — more than the history is worth (6 × 2000).
 	cfg := testConfig(t, `,"balance":{"fair_share_multiplier":1}`)
 	rng := rand.New(rand.NewSource(5))
 	history := words(rng, 8000)
@@ -101,15 +101,15 @@ func TestMappedTargetAtTheCapKeepsATurnWhileItIsTheCheapest(t *testing.T) {
 		require.NoError(t, r.Release(first.Ticket))
 		queued := int64(0)
 		if inPrefill {
-			queued = 9000
+			queued = 13000
 		}
-		_, err := r.decode.ledger.AcquireQueued(first.Target.ID, 9000, queued, 0, 1e6)
+		_, err := r.decode.ledger.AcquireQueued(first.Target.ID, 13000, queued, 0, 1e6)
 		require.NoError(t, err)
 		next := textRequest(history+words(rng, 400), 2)
 		next.Conversation, next.HasConversation = req.Conversation, true
 		d := r.Decide(next, NoRank)
 		if inPrefill {
-			assert.Equal(t, KindOverflow, d.Kind, "9000 queued tokens cost more than recomputing 2000")
+			assert.Equal(t, KindOverflow, d.Kind, "13000 queued tokens cost more than recomputing 2000")
 			assert.NotEqual(t, first.Target.Address, d.Target.Address)
 		} else {
 			assert.Equal(t, KindSticky, d.Kind, "at the cap, but its cache makes it the cheapest")

@@ -366,7 +366,7 @@ func (r *Router) loadOf(l Load) int64 {
 // anywhere). The cost estimates, in prefill tokens (time at a target's prefill
 // rate), how long the request would wait for its first token on a target:
 //
-//	cost(t) = prefill_ahead(t) + (4 + prefills(t)) × (request_tokens − matched(t))
+//	cost(t) = prefill_ahead(t) + (6 + prefills(t)) × (request_tokens − matched(t))
 //	        + load_weight × active_tokens(t) / max(total_active_tokens, request_tokens) × request_tokens
 //
 // prefill_ahead(t) is what is estimated left of the uncached tokens of the requests
@@ -741,7 +741,7 @@ func (r *Router) waitFits(v *poolView, req *extract.Request, pr *prompt, i int, 
 // the target that caches it is written to a second cache, evicting other prompts'
 // prefixes there, while the first copy goes unused. BENCHMARKS.md has the replays
 // behind the value.
-const ownWeight = 4.0
+const ownWeight = 6.0
 
 func contains(xs []int, x int) bool {
 	for _, y := range xs {
