@@ -63,14 +63,15 @@ func TestUpgradedFilterMeetsOldState(t *testing.T) {
 			if len(v) > 0 && v[0] != old[0] {
 				want := byte(1)
 				if strings.HasPrefix(k, "kvroute/load/") {
-					want = 4 // the ledger's format, with recent work
+					want = 5 // the ledger's format, with the learned cache
 				}
 				assert.Equal(t, want, v[0], k)
 			}
 		}
 		v, _, _ := proxywasm.GetSharedData("kvroute/load/decode")
-		// Rewritten fresh: no load, only each target's write clock, prefill progress
-		// and recent work (id, clock, since, chunk, rate, recent work, 0 slots).
-		assert.Len(t, v, 1+3*57)
+		// Rewritten fresh: no load, only each target's write clock, prefill progress,
+		// recent work and cache (id, clock, since, chunk, rate, recent work, cache, 0
+		// slots).
+		assert.Len(t, v, 1+3*65)
 	})
 }

@@ -23,7 +23,9 @@ import (
 // over the time their prefill took. And each target keeps its recent work: the
 // uncached tokens and the requests sent there lately, halved every recentHalfLifeMS,
 // which say how busy its prefill has been beyond what is queued there now (a new
-// conversation placed there brings its later turns to that same queue). Load is
+// conversation placed there brings its later turns to that same queue). And each
+// target keeps its cache as its first chunks have shown it (learnCache): how far its
+// write clock may move on before a copy recorded there is gone. Load is
 // counted in time slots of
 // lease/ledgerSlots: a request adds to the slot of its start time and its release
 // takes from that same slot, and slots older than the lease are dropped. So a
@@ -69,18 +71,23 @@ type ledgerDelta struct {
 	rateTok, rateMS int64
 	// to the target's recent work, as of recentEpoch (its epoch is ignored)
 	recent, recentSent, recentEpoch int64
+	// a first chunk's news of the target's cache (its epoch is ignored): cacheHit
+	// +1 if a copy cacheAge tokens old was still there, -1 if it was gone; cacheBase
+	// is the cache the deciding VM assumed (the learned one, else the configured).
+	cacheHit            int8
+	cacheAge, cacheBase int64
 }
 
 // ledgerBatch is how many acquires and releases a VM holds before it writes them.
 const ledgerBatch = 16
 
 const (
-	ledgerFormat = 4
+	ledgerFormat = 5
 	ledgerSlots  = 8
 	// per target: id(8) written(8) since(8) chunk(8) rate tokens(4) rate ms(4)
-	// recent tokens(8) recent requests(4) recent epoch(4) slot count(1); per slot:
-	// epoch(8) requests(4) prefills(4) tokens(8) prefill(8)
-	ledgerTargetHeader = 57
+	// recent tokens(8) recent requests(4) recent epoch(4) cache(8) slot count(1); per
+	// slot: epoch(8) requests(4) prefills(4) tokens(8) prefill(8)
+	ledgerTargetHeader = 65
 	ledgerSlotBytes    = 32
 )
 
@@ -132,6 +139,10 @@ type Load struct {
 	// RateMS is the prefill rate observed on the target (none while RateMS is 0).
 	Since, Chunk       int64
 	RateTokens, RateMS int64
+
+	// Cache is the target's prefix cache as its first chunks have shown it, in
+	// write-clock tokens: a copy recorded longer ago is gone (0: not learned yet).
+	Cache int64
 }
 
 // PrefillAhead estimates the queued prefill tokens still ahead of a request sent
@@ -172,7 +183,11 @@ type LoadTicket struct {
 	Tokens  int64
 	Prefill int64 // queued prefill tokens still held: 0 once the first chunk is in
 	SentMS  int64 // when the request was sent (its prefill cannot have started before)
-	Valid   bool
+	// Cached is the request's tokens the target was taken to hold when it was sent,
+	// in a copy CacheAge write-clock tokens old; CacheBase the target's cache then
+	// assumed (0: unknown). Its first chunk says whether the copy was there.
+	Cached, CacheAge, CacheBase int64
+	Valid                       bool
 }
 
 // NewLoadLedger returns the ledger of one pool.
@@ -204,12 +219,13 @@ type ledgerEntry struct {
 	since, chunk                    int64
 	rateTok, rateMS                 int64
 	recent, recentSent, recentEpoch int64
+	cache                           int64
 	slots                           []ledgerSlot
 }
 
 func (e *ledgerEntry) load() Load {
 	l := Load{Written: e.written, Since: e.since, Chunk: e.chunk, RateTokens: e.rateTok, RateMS: e.rateMS,
-		Recent: e.recent, RecentSent: e.recentSent}
+		Recent: e.recent, RecentSent: e.recentSent, Cache: e.cache}
 	for _, s := range e.slots {
 		l.Requests += s.requests
 		l.Prefills += s.prefills
@@ -234,8 +250,8 @@ func decodeLedger(v []byte, oldest int64) []ledgerEntry {
 			since: int64(binary.LittleEndian.Uint64(v[16:])), chunk: int64(binary.LittleEndian.Uint64(v[24:])),
 			rateTok: int64(binary.LittleEndian.Uint32(v[32:])), rateMS: int64(binary.LittleEndian.Uint32(v[36:])),
 			recent: int64(binary.LittleEndian.Uint64(v[40:])), recentSent: int64(binary.LittleEndian.Uint32(v[48:])),
-			recentEpoch: int64(binary.LittleEndian.Uint32(v[52:]))}
-		n := int(v[56])
+			recentEpoch: int64(binary.LittleEndian.Uint32(v[52:])), cache: int64(binary.LittleEndian.Uint64(v[56:]))}
+		n := int(v[64])
 		v = v[ledgerTargetHeader:]
 		if len(v) < n*ledgerSlotBytes {
 			return nil
@@ -253,7 +269,7 @@ func decodeLedger(v []byte, oldest int64) []ledgerEntry {
 				e.slots = append(e.slots, s)
 			}
 		}
-		if len(e.slots) > 0 || e.written > 0 {
+		if len(e.slots) > 0 || e.written > 0 || e.cache > 0 {
 			out = append(out, e)
 		}
 	}
@@ -274,7 +290,7 @@ func encodeLedger(entries []ledgerEntry, keepClock func(uint64) bool) []byte {
 				live++
 			}
 		}
-		if live == 0 && (e.written == 0 || keepClock != nil && !keepClock(e.target)) {
+		if live == 0 && (e.written == 0 && e.cache == 0 || keepClock != nil && !keepClock(e.target)) {
 			continue
 		}
 		out = binary.LittleEndian.AppendUint64(out, e.target)
@@ -286,6 +302,7 @@ func encodeLedger(entries []ledgerEntry, keepClock func(uint64) bool) []byte {
 		out = binary.LittleEndian.AppendUint64(out, uint64(e.recent))
 		out = binary.LittleEndian.AppendUint32(out, uint32(min(e.recentSent, math.MaxUint32)))
 		out = binary.LittleEndian.AppendUint32(out, uint32(e.recentEpoch))
+		out = binary.LittleEndian.AppendUint64(out, uint64(e.cache))
 		out = append(out, byte(live))
 		for i := range e.slots {
 			if s := &e.slots[i]; s.live() {
@@ -324,8 +341,9 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 				epoch := int64(binary.LittleEndian.Uint32(v[52:]))
 				l.Recent += decayed(int64(binary.LittleEndian.Uint64(v[40:])), epoch, nowEpoch)
 				l.RecentSent += decayed(int64(binary.LittleEndian.Uint32(v[48:])), epoch, nowEpoch)
+				l.Cache = int64(binary.LittleEndian.Uint64(v[56:]))
 			}
-			n := int(v[56])
+			n := int(v[64])
 			v = v[ledgerTargetHeader:]
 			if len(v) < n*ledgerSlotBytes {
 				break
@@ -351,6 +369,9 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 			l.RateMS += d.rateMS
 			l.Recent += decayed(d.recent, d.recentEpoch, nowEpoch)
 			l.RecentSent += decayed(d.recentSent, d.recentEpoch, nowEpoch)
+			if d.cacheHit != 0 {
+				l.Cache = learnCache(l.Cache, &d)
+			}
 		}
 		if i >= 0 && d.epoch > oldest {
 			// A release may reach a slot this view has not seen the acquire of yet.
@@ -390,7 +411,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 	for i := range entries {
 		ld := entries[i].load()
 		ld.Written, ld.Since, ld.Chunk, ld.RateTokens, ld.RateMS = 0, 0, 0, 0, 0 // clocks, not load
-		ld.Recent, ld.RecentSent = 0, 0
+		ld.Recent, ld.RecentSent, ld.Cache = 0, 0, 0
 		if ld.Requests > 0 || ld.Prefills > 0 || ld.Tokens > 0 || ld.Prefill > 0 {
 			out[entries[i].target] = ld
 		}
@@ -402,7 +423,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 // slots at or before oldest have expired and are dropped.
 func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []ledgerEntry {
 	for _, d := range deltas {
-		if d.epoch <= oldest && d.written == 0 && d.recentSent == 0 && !d.progress() {
+		if d.epoch <= oldest && d.written == 0 && d.recentSent == 0 && !d.progress() && d.cacheHit == 0 {
 			continue
 		}
 		i := 0
@@ -422,6 +443,9 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []le
 		}
 		if d.recentSent != 0 || d.recent != 0 {
 			e.recent, e.recentSent, e.recentEpoch = addRecent(e.recent, e.recentSent, e.recentEpoch, d.recent, d.recentSent, d.recentEpoch)
+		}
+		if d.cacheHit != 0 {
+			e.cache = learnCache(e.cache, &d)
 		}
 		if d.epoch <= oldest {
 			continue
@@ -446,7 +470,7 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []le
 func (l *LoadLedger) note(d *ledgerDelta, nowMS func() int64) error {
 	merged := false
 	for i := range l.pending {
-		if p := &l.pending[i]; p.target == d.target && p.epoch == d.epoch {
+		if p := &l.pending[i]; p.target == d.target && p.epoch == d.epoch && d.cacheHit == 0 && p.cacheHit == 0 {
 			p.requests += d.requests
 			p.prefills += d.prefills
 			p.tokens += d.tokens
@@ -475,7 +499,7 @@ func (l *LoadLedger) note(d *ledgerDelta, nowMS func() int64) error {
 // were released within the batch cancel out.
 func (l *LoadLedger) hasChanges() bool {
 	for _, d := range l.pending {
-		if d.requests != 0 || d.prefills != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 || d.recentSent != 0 || d.progress() {
+		if d.requests != 0 || d.prefills != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 || d.recentSent != 0 || d.progress() || d.cacheHit != 0 {
 			return true
 		}
 	}
@@ -577,6 +601,12 @@ func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 	}
 	took := max(1, nowMS-max(t.SentMS, prev[0].Chunk))
 	d := ledgerDelta{target: t.Target, epoch: t.Epoch, prefills: -1, prefill: -t.Prefill, since: nowMS, chunk: nowMS, rateTok: t.Prefill, rateMS: took}
+	if hit := cacheNews(t, took, &prev[0]); hit != 0 {
+		d.cacheHit, d.cacheAge, d.cacheBase = hit, t.CacheAge, t.CacheBase
+		if hit < 0 {
+			d.rateTok += t.Cached // the copy was computed again
+		}
+	}
 	t.Prefill = 0
 	return l.note(&d, func() int64 { return nowMS })
 }
@@ -591,4 +621,48 @@ func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
 		d.prefills = -1
 	}
 	return l.note(&d, now)
+}
+
+// learnCache is a target's learned cache after the news of one first chunk, starting
+// from the configured one when nothing is learned yet. A copy found gone younger
+// than the cache takes it a twentieth down, never below that copy's age (the first
+// such news, with no cache configured, sets it there); a copy found there older
+// than 4/5 of the cache takes it a tenth up, at least to that copy's age. Down is
+// slower than up: counting a gone copy as held costs one wait in its queue, while
+// counting a held one as gone sends its turns elsewhere to compute it again, and
+// their later turns with them. So the cache settles just above the oldest copies
+// that are still there, and one misjudged chunk moves it little.
+func learnCache(cache int64, d *ledgerDelta) int64 {
+	if cache <= 0 {
+		cache = d.cacheBase
+	}
+	switch {
+	case d.cacheHit < 0 && (cache <= 0 || d.cacheAge < cache):
+		if cache <= 0 {
+			return max(1, d.cacheAge)
+		}
+		return max(d.cacheAge, cache-cache/20)
+	case d.cacheHit > 0 && cache > 0 && d.cacheAge*5 >= cache*4:
+		return max(d.cacheAge, cache+cache/10)
+	}
+	return cache
+}
+
+// cacheNews says what a first chunk shows of the copy the request was sent to: +1 it
+// was there (the prefill took about the uncached tokens' time at the target's rate),
+// -1 it was gone (about the whole prompt's), 0 nothing sure (no rate yet, a copy too
+// small to tell, or a prefill that took longer than even the whole prompt explains:
+// it waited for something else).
+func cacheNews(t *LoadTicket, took int64, l *Load) int8 {
+	if t.Cached < 2*t.Prefill || t.Cached <= 0 || l.RateMS <= 0 || l.RateTokens <= 0 {
+		return 0
+	}
+	computed := float64(took) * float64(l.RateTokens) / float64(l.RateMS)
+	switch {
+	case computed <= float64(t.Prefill)+float64(t.Cached)/4:
+		return 1
+	case computed >= float64(t.Prefill)+float64(t.Cached)*3/4 && computed <= 1.5*float64(t.Prefill+t.Cached):
+		return -1
+	}
+	return 0
 }

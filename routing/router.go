@@ -51,14 +51,14 @@ type poolState struct {
 	viewEligible []int
 	everyTarget  []int // 0, 1, …: the view's eligible targets when every one is (read only)
 	candBuf      []int
-	byID32       targetIndex         // low 32 bits of a target id → index, as the prefix index keeps them
-	matchedBuf   []int               // per target index: matched blocks of the request being decided
-	tokensBuf    []int               // per target index: matched tokens, gated
-	waitBuf      []int64             // per target index: a first turn's wait (soonest)
-	soonBuf      []int               // the targets soonest keeps
-	known        func(uint32) bool   // whether the prefix index's 32-bit id is a target here
-	clockOf      func(uint32) uint32 // a target's write clock in the view, in blocks
-	syncLoads    []Load              // the ledger read on the tick, for the index's clocks
+	byID32       targetIndex                   // low 32 bits of a target id → index, as the prefix index keeps them
+	matchedBuf   []int                         // per target index: matched blocks of the request being decided
+	tokensBuf    []int                         // per target index: matched tokens, gated
+	waitBuf      []int64                       // per target index: a first turn's wait (soonest)
+	soonBuf      []int                         // the targets soonest keeps
+	known        func(uint32) bool             // whether the prefix index's 32-bit id is a target here
+	clockOf      func(uint32) (uint32, uint32) // a target's write clock and learned cache (0: none) in the view, in blocks
+	syncLoads    []Load                        // the ledger read on the tick, for the index's clocks
 	// Zero, per target index, copied to clear the per-target buffers: in wasm a copy
 	// is one host call, a clear one per doubling of the length.
 	zeroLoads []Load
@@ -83,11 +83,12 @@ func NewRouter(cfg *config.Config, store state.Store, now func() int64) *Router 
 		ps.ledger.keepClock = func(id uint64) bool { return ps.targets.Index(id) >= 0 }
 		ps.known = func(t uint32) bool { return ps.byID32.get(uint64(t)) >= 0 }
 		bt := int64(max(1, cfg.Prefix.BlockTokens))
-		ps.clockOf = func(t uint32) uint32 {
+		ps.clockOf = func(t uint32) (uint32, uint32) {
 			if i := ps.byID32.get(uint64(t)); i >= 0 && i < len(ps.view.loads) {
-				return uint32(ps.view.loads[i].Written / bt)
+				l := &ps.view.loads[i]
+				return uint32(l.Written / bt), uint32(min(l.Cache/bt, 1<<30))
 			}
-			return 0
+			return 0, 0
 		}
 		if cfg.EngineMetrics.Enabled {
 			ps.engine = engine.NewEngineBoard(store, ns, name, cfg.EngineMetrics.StaleMS, retries)
@@ -578,16 +579,48 @@ func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int
 	*target = p.targets.Targets[choice]
 	id := target.ID
 	uncached := int64(req.Tokens)
+	var age, cache int64 = -1, 0
 	if len(pr.cps) > 0 {
 		matched = r.matchedOn(v, req, pr, choice)
 		uncached -= min(int64(matched), uncached)
 		bt := int64(max(1, r.cfg.Prefix.BlockTokens))
-		p.index.Record(pr.cps, id, uint32((v.loads[choice].Written+uncached)/bt), r.cacheClocks()/8)
+		cache = v.loads[choice].Cache
+		if cache <= 0 {
+			cache = r.cfg.Prefix.TargetCacheTokens
+		}
+		if matched > 0 {
+			age = r.copyAge(v, pr, choice, matched)
+		}
+		p.index.Record(pr.cps, id, uint32((v.loads[choice].Written+uncached)/bt), uint32(min(cache/bt, 1<<30))/8)
 	}
 	since := v.loads[choice].SinceAfterSend(nowMS)
 	err = p.ledger.acquireInto(ticket, id, int64(req.Tokens), uncached, since, nowMS)
+	if age >= 0 {
+		ticket.Cached, ticket.CacheAge, ticket.CacheBase = int64(matched), age, cache
+	}
 	// An error leaves the load held in the batch all the same.
 	return kind, matched, err != nil, nil
+}
+
+// copyAge is how much target choice has written since it recorded the copy of the
+// request's prefix that its match of matched tokens counts on, in tokens; -1 when
+// that is not known (the match is a prefix taken to be held everywhere).
+func (r *Router) copyAge(v *poolView, pr *prompt, choice, matched int) int64 {
+	if pr.search == nil {
+		return -1
+	}
+	bt := r.cfg.Prefix.BlockTokens
+	t32 := prefix.PrefixTargetID(v.pool.targets.Targets[choice].ID)
+	for _, m := range pr.search.Found() {
+		if m.Target == t32 && min(m.Blocks*bt, matched) == matched {
+			now := uint32(v.loads[choice].Written / int64(max(1, bt)))
+			if now < m.Clock {
+				return 0 // recorded at a clock this view has not seen yet
+			}
+			return int64(now-m.Clock) * int64(bt)
+		}
+	}
+	return -1
 }
 
 // matchedOn is the tokens of the request that target choice holds, looked up before
@@ -634,11 +667,7 @@ func (r *Router) lookupDeepest(v *poolView, pr *prompt) {
 		return
 	}
 	p := v.pool
-	if c := r.cacheClocks(); c > 0 {
-		pr.search = p.index.StartMatchLive(pr.cps, p.known, p.clockOf, c)
-	} else {
-		pr.search = p.index.StartMatch(pr.cps, p.known)
-	}
+	pr.search = p.index.StartMatchLive(pr.cps, p.known, p.clockOf, r.cacheClocks())
 	pr.search.Next()
 	r.fillMatched(p, pr)
 	pr.complete = pr.search.Done()
@@ -1024,17 +1053,17 @@ func (r *Router) SyncPrefixes() error {
 
 func (r *Router) syncPool(p *poolState) error {
 	now := r.now()
+	// Other VMs' records are applied at the target's write clock as this VM sees it:
+	// a copy is as old here as there, for a configured cache or a learned one.
 	var clockOf func(uint32) uint32
-	if r.cacheClocks() > 0 {
-		clear(p.syncLoads)
-		if p.ledger.LoadsInto(now, p.targets.Index, p.syncLoads) == nil {
-			bt := int64(max(1, r.cfg.Prefix.BlockTokens))
-			clockOf = func(t uint32) uint32 {
-				if i := p.byID32.get(uint64(t)); i >= 0 {
-					return uint32(p.syncLoads[i].Written / bt)
-				}
-				return 0
+	clear(p.syncLoads)
+	if p.ledger.LoadsInto(now, p.targets.Index, p.syncLoads) == nil {
+		bt := int64(max(1, r.cfg.Prefix.BlockTokens))
+		clockOf = func(t uint32) uint32 {
+			if i := p.byID32.get(uint64(t)); i >= 0 {
+				return uint32(p.syncLoads[i].Written / bt)
 			}
+			return 0
 		}
 	}
 	return p.index.Sync(now, clockOf)

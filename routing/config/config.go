@@ -129,7 +129,7 @@ type PrefixConfig struct {
 	ContinuationThreshold float64 // share of blocks one target must hold for a request to follow them
 	SkipBlocks            int     // leading blocks the continuation test ignores (a shared system prompt)
 	CapacityBlocks        int     // prefix index entries per pool in each VM
-	TargetCacheTokens     int64   // one target's prefix KV cache in tokens; 0: unknown. A holder whose target has written more than this since it recorded a prefix no longer holds it
+	TargetCacheTokens     int64   // one target's prefix KV cache in tokens, where learning it from first chunks starts; 0: unknown. A holder whose target has written more than its cache since it recorded a prefix no longer holds it
 }
 
 // Load metrics (balance.load_metric).

@@ -47,6 +47,7 @@ func NewPrefixIndex(s state.Store, namespace, pool string, capacityBlocks, retri
 type PrefixMatch struct {
 	Target uint32 // low 32 bits of the target id
 	Blocks int
+	Clock  uint32 // the target's write clock when it recorded the prefix
 }
 
 // maxMatchRounds bounds the binary searches of one lookup: the first finds the
@@ -69,16 +70,18 @@ func (x *PrefixIndex) StartMatch(cps []Checkpoint, known func(uint32) bool) *Pre
 	return x.StartMatchLive(cps, known, nil, 0)
 }
 
-// StartMatchLive is StartMatch that also drops evicted copies: with capacity > 0, a
-// target whose write clock (clockOf) has moved on by more than capacity since it
-// recorded a prefix no longer holds it (its cache has taken in more than it holds
-// since; an LRU cache has evicted the prefix unless something else kept it warm).
-func (x *PrefixIndex) StartMatchLive(cps []Checkpoint, known func(uint32) bool, clockOf func(uint32) uint32, capacity uint32) *PrefixSearch {
+// StartMatchLive is StartMatch that also drops evicted copies: a target whose write
+// clock has moved on by more than its cache since it recorded a prefix no longer
+// holds it (its cache has taken in more than it holds since; an LRU cache has evicted
+// the prefix unless something else kept it warm). clockOf gives a target's clock and
+// cache, the cache 0 when it has none of its own: then capacity is its cache, and
+// with capacity 0 too its copies never go stale.
+func (x *PrefixIndex) StartMatchLive(cps []Checkpoint, known func(uint32) bool, clockOf func(uint32) (uint32, uint32), capacity uint32) *PrefixSearch {
 	// Field by field: in wasm a struct literal is zeroed and copied by host calls.
 	// ids, state and now need no reset: only their first nids count.
 	m := &x.search
 	m.x, m.cps, m.known, m.hi, m.rounds, m.found = x, cps, known, len(cps), 0, m.found[:0]
-	m.nids, m.clockOf, m.capacity, m.lastNow, m.lastID, m.lastState = 0, clockOf, capacity, 0, 0, 0
+	m.nids, m.clockOf, m.capacity, m.lastNow, m.lastCap, m.lastID, m.lastState = 0, clockOf, capacity, 0, 0, 0, 0
 	return m
 }
 
@@ -96,11 +99,13 @@ type PrefixSearch struct {
 	ids   [2 * prefixTargetsPerEntry]uint32
 	state [2 * prefixTargetsPerEntry]int8
 	now   [2 * prefixTargetsPerEntry]uint32 // the target's write clock
+	caps  [2 * prefixTargetsPerEntry]uint32 // the target's cache, in clock units (0: unknown)
 	nids  int
 
-	clockOf  func(uint32) uint32 // nil: copies never go stale
+	clockOf  func(uint32) (uint32, uint32) // see StartMatchLive; nil: copies never go stale
 	capacity uint32
 	lastNow  uint32 // the clock of the target fresh last answered for
+	lastCap  uint32 // and its cache
 	// The target status last answered for and its answer: a search asks of the same
 	// target probe after probe, and this answer is inlined where the cache above
 	// costs a call.
@@ -134,14 +139,17 @@ func (m *PrefixSearch) lookupStatus(t uint32) int8 {
 	m.lastID = t
 	for i := 0; i < m.nids; i++ {
 		if m.ids[i] == t {
-			m.lastNow, m.lastState = m.now[i], m.state[i]
+			m.lastNow, m.lastCap, m.lastState = m.now[i], m.caps[i], m.state[i]
 			return m.lastState
 		}
 	}
 	ok := m.known(t)
-	m.lastNow = 0
+	m.lastNow, m.lastCap = 0, 0
 	if ok && m.clockOf != nil {
-		m.lastNow = m.clockOf(t)
+		m.lastNow, m.lastCap = m.clockOf(t)
+		if m.lastCap == 0 {
+			m.lastCap = m.capacity
+		}
 	}
 	st := int8(-1)
 	if ok {
@@ -153,7 +161,7 @@ func (m *PrefixSearch) lookupStatus(t uint32) int8 {
 		}
 	}
 	if m.nids < len(m.ids) {
-		m.ids[m.nids], m.state[m.nids], m.now[m.nids] = t, st, m.lastNow
+		m.ids[m.nids], m.state[m.nids], m.now[m.nids], m.caps[m.nids] = t, st, m.lastNow, m.lastCap
 		m.nids++
 	}
 	m.lastState = st
@@ -230,7 +238,7 @@ func (m *PrefixSearch) Next() bool {
 	}
 	for s, t := range topEntry.targets {
 		if t != 0 && m.fresh(t) && m.live(topEntry, s) {
-			m.found = append(m.found, PrefixMatch{Target: t, Blocks: m.cps[top].Pos})
+			m.found = append(m.found, PrefixMatch{Target: t, Blocks: m.cps[top].Pos, Clock: topEntry.clocks[s]})
 			m.markFound(t)
 		}
 	}
@@ -241,11 +249,11 @@ func (m *PrefixSearch) Next() bool {
 // live reports whether slot s of e is a copy the target still holds (fresh must have
 // just answered for e.targets[s]).
 func (m *PrefixSearch) live(e *prefixEntry, s int) bool {
-	if m.capacity == 0 {
+	if m.lastCap == 0 {
 		return true
 	}
 	age := m.lastNow - e.clocks[s]
-	return age <= m.capacity || age >= 1<<31 // a clock read before the record: fresh
+	return age <= m.lastCap || age >= 1<<31 // a clock read before the record: fresh
 }
 
 // Record stores the prompt's checkpoints against target at its write clock, and

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"math/rand"
+	"strconv"
+	"testing"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestAFirstChunkThatShowsACopyGoneTeachesTheCacheInFilter: with no cache configured
+// every recorded copy counts as held, until a first chunk shows one gone. Documents
+// E and D (8000 tokens each) are computed on rank 0 in 200 ms each (40 tokens a ms),
+// then 24000 tokens of other work. A continuation of D (1000 tokens more) goes to
+// rank 0 for its copy. If its first chunk comes back in the time of its own tokens,
+// the copy was there: nothing is learned, and a continuation of E goes to rank 0 too.
+// If it comes back in the time of the whole prompt, the copy was gone: rank 0's cache
+// is learned as that copy's age, and E's copy, older, no longer counts as held.
+func TestAFirstChunkThatShowsACopyGoneTeachesTheCacheInFilter(t *testing.T) {
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}}`
+	for _, tc := range []struct {
+		took     int // ms from the continuation's send to its first chunk
+		decision string
+	}{{25, "continuation"}, {225, "load"}} {
+		t.Run(strconv.Itoa(tc.took), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(24))
+				e, d := prose(rng, 32000), prose(rng, 32000)
+				// stream sends body and takes its first chunk after ms, and ends it.
+				stream := func(body string, ms int, headers ...[2]string) (rank, decision string) {
+					id, action := h.send(post("/v1/completions", completionBody(body), headers...))
+					require.Equal(t, types.ActionContinue, action)
+					rank, _ = h.header(id, "x-data-parallel-rank")
+					decision, _ = h.header(id, "x-kvroute-decision")
+					h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
+					h.advance(ms)
+					h.CallOnResponseBody(id, []byte("data: {}\n\n"), false)
+					h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
+					h.CompleteHttpContext(id)
+					return rank, decision
+				}
+				rank0 := [2]string{"x-data-parallel-rank", "0"}
+				for _, doc := range []string{e, d, prose(rng, 32000), prose(rng, 32000), prose(rng, 32000)} {
+					rank, _ := stream(doc, 200, rank0)
+					require.Equal(t, "0", rank)
+				}
+				rank, decision := stream(d+prose(rng, 4000), tc.took)
+				require.Equal(t, "0", rank, "D's copy is counted as held on rank 0")
+				require.Equal(t, "continuation", decision)
+				rank, decision = stream(e+prose(rng, 4000), 25)
+				assert.Equal(t, tc.decision, decision)
+				if tc.decision == "continuation" {
+					assert.Equal(t, "0", rank)
+				}
+			})
+		})
+	}
+}

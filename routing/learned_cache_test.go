@@ -1,0 +1,146 @@
+package routing
+
+import (
+	"math/rand"
+	"strconv"
+	"testing"
+
+	"github.com/kvroute/kvroute/routing/prefix"
+	"github.com/kvroute/kvroute/routing/state"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestCacheNewsOfAFirstChunk(t *testing.T) {
+	// A target computing 10 tokens a ms; the request had 100 tokens of its own and
+	// was sent for 2000 cached ones.
+	rate := Load{RateTokens: 1000, RateMS: 100}
+	sent := LoadTicket{Prefill: 100, Cached: 2000}
+	for _, c := range []struct {
+		name   string
+		ticket LoadTicket
+		load   Load
+		took   int64
+		want   int8
+	}{
+		{"its own tokens' time: there", sent, rate, 12, 1},
+		{"a quarter of the copy's time more: still there", sent, rate, 60, 1},
+		{"the whole prompt's time: gone", sent, rate, 210, -1},
+		{"three quarters of the copy's time more: gone", sent, rate, 160, -1},
+		{"in between: unsure", sent, rate, 100, 0},
+		{"far longer than the whole prompt: it waited for something else", sent, rate, 400, 0},
+		{"no rate seen yet", sent, Load{}, 210, 0},
+		{"a copy under twice the own tokens: too small to tell", LoadTicket{Prefill: 1100, Cached: 2000}, rate, 3100, 0},
+		{"no copy", LoadTicket{Prefill: 100}, rate, 210, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			assert.Equal(t, c.want, cacheNews(&c.ticket, c.took, &c.load))
+		})
+	}
+}
+
+func TestLearnCache(t *testing.T) {
+	miss := func(age, base int64) *ledgerDelta { return &ledgerDelta{cacheHit: -1, cacheAge: age, cacheBase: base} }
+	hit := func(age, base int64) *ledgerDelta { return &ledgerDelta{cacheHit: 1, cacheAge: age, cacheBase: base} }
+	for _, c := range []struct {
+		name  string
+		cache int64
+		news  *ledgerDelta
+		want  int64
+	}{
+		{"nothing known, a copy gone: the cache is its age", 0, miss(5000, 0), 5000},
+		{"nothing learned, a copy gone under the configured cache: a twentieth down", 0, miss(5000, 8000), 7600},
+		{"a copy gone just under the cache: down to its age at most", 8000, miss(7900, 0), 7900},
+		{"a copy gone older than the cache: nothing new", 8000, miss(9000, 0), 8000},
+		{"a copy there near the cache: a tenth up", 8000, hit(7000, 0), 8800},
+		{"a copy there older than the cache: up to its age", 8000, hit(9500, 0), 9500},
+		{"a copy there far under the cache: nothing new", 8000, hit(3000, 0), 8000},
+		{"nothing known, a copy there: still nothing known", 0, hit(3000, 0), 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			assert.Equal(t, c.want, learnCache(c.cache, c.news))
+		})
+	}
+}
+
+func TestALearnedCacheIsSharedByTheLedger(t *testing.T) {
+	const id = 42
+	store := state.NewMemoryStore()
+	l := NewLoadLedger(store, "kvroute", "decode", 600_000, 8)
+	one := func(l *LoadLedger, now int64) Load {
+		var out [1]Load
+		require.NoError(t, l.LoadsInto(now, func(t uint64) int {
+			if t == id {
+				return 0
+			}
+			return -1
+		}, out[:]))
+		return out[0]
+	}
+	// A 1000-token prompt teaches the rate (10 tokens a ms); a request sent for a
+	// 4000-token copy 6000 tokens old comes back after the whole prompt's time.
+	a, err := l.AcquireQueued(id, 1000, 1000, 1000, 1000)
+	require.NoError(t, err)
+	require.NoError(t, l.FirstChunk(&a, 1100))
+	b, err := l.AcquireQueued(id, 4100, 100, 0, 2000)
+	require.NoError(t, err)
+	b.Cached, b.CacheAge = 4000, 6000
+	require.NoError(t, l.FirstChunk(&b, 2410))
+	assert.Equal(t, int64(6000), one(l, 2410).Cache, "this VM sees its news at once")
+	assert.Equal(t, int64(5100), one(l, 2410).RateTokens, "the copy was computed again: it counts in the rate")
+	require.NoError(t, l.Flush(2410))
+	other := NewLoadLedger(store, "kvroute", "decode", 600_000, 8)
+	assert.Equal(t, int64(6000), one(other, 2410).Cache, "another VM reads it from the shared key")
+	require.NoError(t, l.Release(a, func() int64 { return 3000 }))
+	require.NoError(t, l.Release(b, func() int64 { return 3000 }))
+	require.NoError(t, l.Flush(3000))
+	assert.Equal(t, int64(6000), one(other, 3000).Cache, "a target without load keeps what was learned")
+}
+
+func TestAFirstChunkThatShowsACopyGoneTeachesTheCache(t *testing.T) {
+	// No cache configured: every copy recorded counts as held. Document D (2000
+	// tokens) is computed on target X in 200 ms (10 tokens a ms), and document E is
+	// recorded there too. X then takes in 5000 tokens of other work, and a
+	// continuation of D goes to X for its copy. If its first chunk comes back in
+	// the time of its own 100 tokens, the copy was there and nothing is learned: E
+	// still counts as held on X. If it comes back in the whole prompt's time, the
+	// copy was gone: X's cache is learned as that copy's age, and E, older, no
+	// longer counts as held there.
+	rng := rand.New(rand.NewSource(11))
+	d, e := words(rng, 8000), words(rng, 8000)
+	for _, c := range []struct {
+		took int64
+		kind Kind
+	}{{10, KindContinuation}, {210, KindLoad}} {
+		t.Run(strconv.FormatInt(c.took, 10), func(t *testing.T) {
+			clock := &fakeClock{ms: 1e6}
+			r := NewRouter(testConfig(t, `,"balance":{"fair_share_multiplier":100}`), state.NewMemoryStore(), clock.now)
+			first := r.Decide(textRequest(d, 1), NoRank)
+			x := first.Target.ID
+			clock.ms += 200
+			require.NoError(t, r.FirstChunk(&first.Ticket))
+			require.NoError(t, r.Release(first.Ticket))
+			docE := textRequest(e, 2)
+			cps, _ := prefix.HashCheckpoints(docE.Model, docE.Prompt, docE.BlockBytes, nil)
+			r.decode.index.Record(cps, x, 2000/16, 0)
+			other, err := r.decode.ledger.AcquireQueued(x, 5000, 5000, 0, clock.ms)
+			require.NoError(t, err)
+			require.NoError(t, r.decode.ledger.Release(other, clock.now))
+
+			clock.ms += 1000
+			next := r.Decide(textRequest(d+words(rng, 400), 3), NoRank)
+			require.Equal(t, KindContinuation, next.Kind)
+			require.Equal(t, x, next.Target.ID)
+			// Both to the index's grid: D's copy as its deepest checkpoint (120 of its
+			// 125 blocks), its age in whole blocks.
+			assert.Equal(t, int64(1920), next.Ticket.Cached)
+			assert.InDelta(t, 5000, next.Ticket.CacheAge, 16)
+			clock.ms += c.took
+			require.NoError(t, r.FirstChunk(&next.Ticket))
+			require.NoError(t, r.Release(next.Ticket))
+
+			last := r.Decide(textRequest(e+words(rng, 400), 4), NoRank)
+			assert.Equal(t, c.kind, last.Kind)
+		})
+	}
+}
