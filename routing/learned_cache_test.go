@@ -67,16 +67,7 @@ func TestALearnedCacheIsSharedByTheLedger(t *testing.T) {
 	const id = 42
 	store := state.NewMemoryStore()
 	l := NewLoadLedger(store, "kvroute", "decode", 600_000, 8)
-	one := func(l *LoadLedger, now int64) Load {
-		var out [1]Load
-		require.NoError(t, l.LoadsInto(now, func(t uint64) int {
-			if t == id {
-				return 0
-			}
-			return -1
-		}, out[:]))
-		return out[0]
-	}
+	one := func(l *LoadLedger, now int64) Load { return targetLoad(t, l, id, now) }
 	// A 1000-token prompt teaches the rate (10 tokens a ms); a request sent for a
 	// 4000-token copy 6000 tokens old comes back after the whole prompt's time.
 	a, err := l.AcquireQueued(id, 1000, 1000, 1000, 1000)

@@ -40,19 +40,23 @@ func TestPrefillAheadAtTheObservedRate(t *testing.T) {
 	assert.Equal(t, int64(0), noRate.SinceAfterSend(2000), "without a rate the queue is never estimated drained")
 }
 
+// targetLoad is target id's load as ledger l sees it at now.
+func targetLoad(t *testing.T, l *LoadLedger, id uint64, now int64) Load {
+	t.Helper()
+	var out [1]Load
+	require.NoError(t, l.LoadsInto(now, func(t uint64) int {
+		if t == id {
+			return 0
+		}
+		return -1
+	}, out[:]))
+	return out[0]
+}
+
 func TestFirstChunksTeachATargetsPrefillRate(t *testing.T) {
 	const id = 77
 	l := NewLoadLedger(state.NewMemoryStore(), "kvroute", "decode", 600_000, 8)
-	one := func(now int64) Load {
-		var out [1]Load
-		require.NoError(t, l.LoadsInto(now, func(t uint64) int {
-			if t == id {
-				return 0
-			}
-			return -1
-		}, out[:]))
-		return out[0]
-	}
+	one := func(now int64) Load { return targetLoad(t, l, id, now) }
 	// A: 4000 uncached tokens sent at 1000 to an idle target (its prefill starts
 	// then); B: 2000 more at 1100, behind A.
 	a, err := l.AcquireQueued(id, 4000, 4000, 1000, 1000)
@@ -81,14 +85,7 @@ func TestFirstChunksTeachATargetsPrefillRate(t *testing.T) {
 
 	// Another VM's ledger reads the same progress from the shared key.
 	other := NewLoadLedger(l.store, "kvroute", "decode", 600_000, 8)
-	var seen [1]Load
-	require.NoError(t, other.LoadsInto(1600, func(t uint64) int {
-		if t == id {
-			return 0
-		}
-		return -1
-	}, seen[:]))
-	assert.Equal(t, got, seen[0])
+	assert.Equal(t, got, targetLoad(t, other, id, 1600))
 }
 
 func TestRateSumsAreHalvedPastTheirWindow(t *testing.T) {
