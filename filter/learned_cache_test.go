@@ -2,7 +2,7 @@ package main
 
 import (
 	"math/rand"
-	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
@@ -17,16 +17,25 @@ import (
 // rank 0 for its copy. If its first chunk comes back in the time of its own tokens,
 // the copy was there: nothing is learned, and a continuation of E goes to rank 0 too.
 // If it comes back in the time of the whole prompt, the copy was gone: rank 0's cache
-// is learned as that copy's age, and E's copy, older, no longer counts as held.
+// is learned as that copy's age, and E's copy, older, no longer counts as held. Not
+// when the continuation is disaggregated: its first chunk then times the prefill
+// target's work.
 func TestAFirstChunkThatShowsACopyGoneTeachesTheCacheInFilter(t *testing.T) {
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}}`
+	const pools = `"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}`
 	for _, tc := range []struct {
+		name     string
+		cfg      string
 		took     int // ms from the continuation's send to its first chunk
 		decision string
-	}{{25, "continuation"}, {225, "load"}} {
-		t.Run(strconv.Itoa(tc.took), func(t *testing.T) {
+	}{
+		{"there", `{"trust_client_dp_rank":true,` + pools + `}}`, 25, "continuation"},
+		{"gone", `{"trust_client_dp_rank":true,` + pools + `}}`, 225, "load"},
+		{"gone, disaggregated", `{"trust_client_dp_rank":true,` + pools + `,"prefill":{"endpoints":[{"address":"10.0.9.1:8000"}]}},
+			"disaggregation":{"mode":"sidecar","threshold_tokens":0}}`, 225, "continuation;pd=disaggregated"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
-				h := startHost(t, vm, cfg)
+				h := startHost(t, vm, tc.cfg)
 				rng := rand.New(rand.NewSource(24))
 				e, d := prose(rng, 32000), prose(rng, 32000)
 				// stream sends body and takes its first chunk after ms, and ends it.
@@ -49,10 +58,10 @@ func TestAFirstChunkThatShowsACopyGoneTeachesTheCacheInFilter(t *testing.T) {
 				}
 				rank, decision := stream(d+prose(rng, 4000), tc.took)
 				require.Equal(t, "0", rank, "D's copy is counted as held on rank 0")
-				require.Equal(t, "continuation", decision)
+				require.True(t, strings.HasPrefix(decision, "continuation"), decision)
 				rank, decision = stream(e+prose(rng, 4000), 25)
 				assert.Equal(t, tc.decision, decision)
-				if tc.decision == "continuation" {
+				if strings.HasPrefix(tc.decision, "continuation") {
 					assert.Equal(t, "0", rank)
 				}
 			})

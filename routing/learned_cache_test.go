@@ -135,3 +135,22 @@ func TestAFirstChunkThatShowsACopyGoneTeachesTheCache(t *testing.T) {
 		})
 	}
 }
+
+func TestADisaggregatedRequestTeachesNoCache(t *testing.T) {
+	// A continuation sent to its decode target for the copy there, with its prefill
+	// on the prefill pool: the decode target's first chunk comes after another
+	// engine's work, so it says nothing of the decode target's cache.
+	for _, c := range []struct {
+		disagg string
+		news   bool
+	}{{`{"mode":"off"}`, true}, {`{"mode":"sidecar","threshold_tokens":0}`, false}} {
+		rng := rand.New(rand.NewSource(12))
+		doc := words(rng, 8000)
+		r := NewRouter(pdConfig(t, c.disagg), state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+		first := r.Decide(textRequest(doc, 1), NoRank)
+		require.NoError(t, r.Release(first.Ticket))
+		next := r.Decide(textRequest(doc+words(rng, 400), 2), NoRank)
+		assert.Equal(t, first.Target.ID, next.Target.ID)
+		assert.Equal(t, c.news, next.Ticket.Cached > 0, c.disagg)
+	}
+}

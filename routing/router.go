@@ -539,6 +539,9 @@ func (r *Router) DecideInto(d *Decision, req *extract.Request, rank int) {
 		d.Prefill, matched, failed = r.fallback(r.prefill, req, NoRank).Target, 0, true
 	}
 	d.PD, d.MatchedTokens = PDDisaggregated, matched
+	// The decode target's first chunk then times the prefill target's work and the
+	// KV transfer, not whether its own copy was there.
+	d.Ticket.Cached = 0
 	d.StateFailed = d.StateFailed || failed
 }
 
