@@ -7,6 +7,7 @@ import (
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestFirstResponseChunkEndsTheQueuedPrefill: a request's prefill counts as queued on
@@ -94,5 +95,44 @@ func TestAPrefillEstimatedOverNoLongerRepelsInFilter(t *testing.T) {
 				assert.Equal(t, int64(0), h.gauge("kvroute_active_requests"), "every request's load is released")
 			})
 		}
+	})
+}
+
+// TestATargetWithoutARateIsEstimatedAtItsPeersInFilter: a target that has not returned
+// a first chunk yet is estimated at the rate its peers have shown. Rank 0 shows its
+// rate (4000 tokens in 100 ms: 40 a ms), then 48000 tokens are queued on rank 0 and
+// 32000 on rank 1, which has no rate of its own. 900 ms later rank 0 has about 12000
+// left and rank 1, at rank 0's rate, none: a new 4000-token prompt goes to rank 1
+// (with all of rank 1's queue counted as ahead it would go to rank 0).
+func TestATargetWithoutARateIsEstimatedAtItsPeersInFilter(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}}`)
+		rng := rand.New(rand.NewSource(25))
+		open := func(chars int, rank string) uint32 {
+			id, _ := h.send(post("/v1/completions", completionBody(prose(rng, chars)), [2]string{"x-data-parallel-rank", rank}))
+			got, _ := h.header(id, "x-data-parallel-rank")
+			require.Equal(t, rank, got)
+			h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
+			return id
+		}
+		end := func(id uint32) {
+			h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
+			h.CompleteHttpContext(id)
+		}
+		first := open(16000, "0")
+		h.advance(100)
+		h.CallOnResponseBody(first, []byte("data: {}\n\n"), false)
+		end(first)
+		long0, long1 := open(192000, "0"), open(128000, "1")
+		h.advance(900)
+		id, _ := h.send(post("/v1/completions", completionBody(prose(rng, 16000))))
+		rank, _ := h.header(id, "x-data-parallel-rank")
+		assert.Equal(t, "1", rank, "rank 1's queue is estimated done at rank 0's rate")
+		h.respond(id, 200)
+		end(long0)
+		end(long1)
+		h.advance(200)
+		h.Tick()
+		assert.Equal(t, int64(0), h.gauge("kvroute_active_requests"), "every request's load is released")
 	})
 }

@@ -153,13 +153,22 @@ func (l *Load) PrefillAhead(nowMS int64) int64 {
 	if min(l.RateMS, l.Since, l.Prefill) <= 0 {
 		return l.Prefill
 	}
-	return l.prefillLeft(nowMS)
+	return l.prefillLeft(nowMS, l.RateTokens, l.RateMS)
+}
+
+// PrefillAheadAt is PrefillAhead at a rate of rateTokens in rateMS instead of the
+// target's own.
+func (l *Load) PrefillAheadAt(nowMS, rateTokens, rateMS int64) int64 {
+	if min(rateMS, l.Since, l.Prefill) <= 0 {
+		return l.Prefill
+	}
+	return l.prefillLeft(nowMS, rateTokens, rateMS)
 }
 
 // prefillLeft is PrefillAhead with a rate to go by, out of line so that the common
 // answer (nothing queued, or no rate seen) is inlined where it is asked.
-func (l *Load) prefillLeft(nowMS int64) int64 {
-	done := float64(max(0, nowMS-l.Since)) * float64(l.RateTokens) / float64(l.RateMS)
+func (l *Load) prefillLeft(nowMS, rateTokens, rateMS int64) int64 {
+	done := float64(max(0, nowMS-l.Since)) * float64(rateTokens) / float64(rateMS)
 	return max(0, l.Prefill-int64(math.Min(done, float64(l.Prefill))))
 }
 

@@ -4,6 +4,7 @@ import (
 	"math/rand"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/state"
 
@@ -160,4 +161,30 @@ func TestAPrefillEstimatedOverNoLongerRepels(t *testing.T) {
 			assert.Equal(t, KindPrefix, d.Kind)
 		}
 	}
+}
+
+func TestATargetWithoutARateIsEstimatedAtItsPeers(t *testing.T) {
+	// Two targets. A has shown its rate (1000 tokens in 100 ms: 10 a ms) and has 2500
+	// tokens queued since 2000; B has 4000 tokens queued since 1750 and no first
+	// chunk yet. At 2050 A has 2000 left; B, at its peers' rate, 1000: a new
+	// 1000-token prompt goes to B. Counting all of B's queue as ahead, it went to A.
+	js := `{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"}]}},"balance":{"fair_share_multiplier":100}}`
+	cfg, err := config.ParseConfig([]byte(js))
+	require.NoError(t, err)
+	clock := &fakeClock{ms: 1000}
+	r := NewRouter(&cfg, state.NewMemoryStore(), clock.now)
+	ts := r.DecodeTargets()
+	a, b := ts[0].ID, ts[1].ID
+	l := r.decode.ledger
+	t1, err := l.AcquireQueued(a, 1000, 1000, 1000, 1000)
+	require.NoError(t, err)
+	require.NoError(t, l.FirstChunk(&t1, 1100))
+	require.NoError(t, l.Release(t1, clock.now))
+	_, err = l.AcquireQueued(b, 4000, 4000, 1750, 1750)
+	require.NoError(t, err)
+	_, err = l.AcquireQueued(a, 2500, 2500, 2000, 2000)
+	require.NoError(t, err)
+	clock.ms = 2050
+	d := r.Decide(textRequest(words(rand.New(rand.NewSource(13)), 4000), 1), NoRank)
+	assert.Equal(t, b, d.Target.ID, "B's 4000 tokens are 3000 computed at its peers' rate")
 }

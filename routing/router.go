@@ -194,14 +194,26 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	if p.engine != nil {
 		r.addEngineLoad(p, v, nowMS)
 	}
-	var requests, tokens, busiest, recent, sent int64
+	var requests, tokens, busiest, recent, sent, rtok, rms int64
 	for _, i := range eligible {
 		requests += loads[i].Requests
 		tokens += loads[i].Tokens
 		busiest = max(busiest, loads[i].Requests)
 		recent += loads[i].Recent
 		sent += loads[i].RecentSent
-		ahead[i] = loads[i].PrefillAhead(nowMS)
+		rtok += loads[i].RateTokens
+		rms += loads[i].RateMS
+	}
+	// A target that has returned no first chunk yet is taken to compute at the rate
+	// its peers have shown (engines of one pool are alike): counting all it has
+	// queued as still ahead would send every prompt to the targets whose rate is
+	// known, back to back, in a fleet's first seconds.
+	for _, i := range eligible {
+		if l := &loads[i]; l.RateMS > 0 || rms == 0 {
+			ahead[i] = l.PrefillAhead(nowMS)
+		} else {
+			ahead[i] = l.PrefillAheadAt(nowMS, rtok, rms)
+		}
 	}
 	v.total.Requests, v.total.Tokens, v.busiest = requests, tokens, busiest
 	v.cap = fairShareCap(r.cfg.Balance.FairShareMultiplier, requests, len(eligible))
