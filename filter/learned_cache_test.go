@@ -17,9 +17,10 @@ import (
 // rank 0 for its copy. If its first chunk comes back in the time of its own tokens,
 // the copy was there: nothing is learned, and a continuation of E goes to rank 0 too.
 // If it comes back in the time of the whole prompt, the copy was gone: rank 0's cache
-// is learned as that copy's age, and E's copy, older, no longer counts as held. Not
-// when the continuation is disaggregated: its first chunk then times the prefill
-// target's work.
+// is learned as that copy's age, and E's copy, older, no longer counts as held. With
+// a cache of 1000000 tokens configured the same news takes it only a twentieth down,
+// and E's copy still counts. Nor does a disaggregated continuation teach anything:
+// its first chunk times the prefill target's work.
 func TestAFirstChunkThatShowsACopyGoneTeachesTheCacheInFilter(t *testing.T) {
 	const pools = `"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}`
 	for _, tc := range []struct {
@@ -30,6 +31,7 @@ func TestAFirstChunkThatShowsACopyGoneTeachesTheCacheInFilter(t *testing.T) {
 	}{
 		{"there", `{"trust_client_dp_rank":true,` + pools + `}}`, 25, "continuation"},
 		{"gone", `{"trust_client_dp_rank":true,` + pools + `}}`, 225, "load"},
+		{"gone, configured", `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":1000000},` + pools + `}}`, 225, "continuation"},
 		{"gone, disaggregated", `{"trust_client_dp_rank":true,` + pools + `,"prefill":{"endpoints":[{"address":"10.0.9.1:8000"}]}},
 			"disaggregation":{"mode":"sidecar","threshold_tokens":0}}`, 225, "continuation;pd=disaggregated"},
 	} {

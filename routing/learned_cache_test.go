@@ -2,7 +2,6 @@ package routing
 
 import (
 	"math/rand"
-	"strconv"
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/prefix"
@@ -40,12 +39,16 @@ func TestCacheNewsOfAFirstChunk(t *testing.T) {
 }
 
 func TestLearnCache(t *testing.T) {
-	miss := func(age, base int64) *ledgerDelta { return &ledgerDelta{cacheHit: -1, cacheAge: age, cacheBase: base} }
-	hit := func(age, base int64) *ledgerDelta { return &ledgerDelta{cacheHit: 1, cacheAge: age, cacheBase: base} }
+	type news struct {
+		configured int64
+		d          *ledgerDelta
+	}
+	miss := func(age, configured int64) news { return news{configured, &ledgerDelta{cacheHit: -1, cacheAge: age}} }
+	hit := func(age, configured int64) news { return news{configured, &ledgerDelta{cacheHit: 1, cacheAge: age}} }
 	for _, c := range []struct {
 		name  string
 		cache int64
-		news  *ledgerDelta
+		news  news
 		want  int64
 	}{
 		{"nothing known, a copy gone: the cache is its age", 0, miss(5000, 0), 5000},
@@ -58,7 +61,7 @@ func TestLearnCache(t *testing.T) {
 		{"nothing known, a copy there: still nothing known", 0, hit(3000, 0), 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			assert.Equal(t, c.want, learnCache(c.cache, c.news))
+			assert.Equal(t, c.want, learnCache(c.cache, c.news.configured, c.news.d))
 		})
 	}
 }
@@ -96,16 +99,18 @@ func TestAFirstChunkThatShowsACopyGoneTeachesTheCache(t *testing.T) {
 	// the time of its own 100 tokens, the copy was there and nothing is learned: E
 	// still counts as held on X. If it comes back in the whole prompt's time, the
 	// copy was gone: X's cache is learned as that copy's age, and E, older, no
-	// longer counts as held there.
+	// longer counts as held there. With a cache of 100000 tokens configured, the
+	// same news takes it only a twentieth down, and E still counts as held.
 	rng := rand.New(rand.NewSource(11))
 	d, e := words(rng, 8000), words(rng, 8000)
 	for _, c := range []struct {
-		took int64
-		kind Kind
-	}{{10, KindContinuation}, {210, KindLoad}} {
-		t.Run(strconv.FormatInt(c.took, 10), func(t *testing.T) {
+		name, cache string
+		took        int64
+		kind        Kind
+	}{{"there", "0", 10, KindContinuation}, {"gone", "0", 210, KindLoad}, {"gone, configured", "100000", 210, KindContinuation}} {
+		t.Run(c.name, func(t *testing.T) {
 			clock := &fakeClock{ms: 1e6}
-			r := NewRouter(testConfig(t, `,"balance":{"fair_share_multiplier":100}`), state.NewMemoryStore(), clock.now)
+			r := NewRouter(testConfig(t, `,"balance":{"fair_share_multiplier":100},"prefix":{"target_cache_tokens":`+c.cache+`}`), state.NewMemoryStore(), clock.now)
 			first := r.Decide(textRequest(d, 1), NoRank)
 			x := first.Target.ID
 			clock.ms += 200

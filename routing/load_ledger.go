@@ -46,6 +46,10 @@ type LoadLedger struct {
 	retries int
 	slotMS  int64
 
+	// configuredCache is prefix.target_cache_tokens: where a target's learned cache
+	// starts (0: unknown).
+	configuredCache int64
+
 	// keepClock says whether a target's write clock is kept once it carries no load
 	// (nil: every one). Without it the clocks of targets that left the pool (a
 	// rollout's old pods) would stay in the key forever.
@@ -72,10 +76,9 @@ type ledgerDelta struct {
 	// to the target's recent work, as of recentEpoch (its epoch is ignored)
 	recent, recentSent, recentEpoch int64
 	// a first chunk's news of the target's cache (its epoch is ignored): cacheHit
-	// +1 if a copy cacheAge tokens old was still there, -1 if it was gone; cacheBase
-	// is the cache the deciding VM assumed (the learned one, else the configured).
-	cacheHit            int8
-	cacheAge, cacheBase int64
+	// +1 if a copy cacheAge tokens old was still there, -1 if it was gone
+	cacheHit int8
+	cacheAge int64
 }
 
 // ledgerBatch is how many acquires and releases a VM holds before it writes them.
@@ -145,6 +148,14 @@ type Load struct {
 	Cache int64
 }
 
+// CacheOr is the target's cache: the learned one, else configured (0: unknown).
+func (l *Load) CacheOr(configured int64) int64 {
+	if l.Cache > 0 {
+		return l.Cache
+	}
+	return configured
+}
+
 // PrefillAhead estimates the queued prefill tokens still ahead of a request sent
 // now: Prefill less what the target has computed since the queue was last known to
 // be all ahead, at its observed rate; Prefill itself when no rate has been seen.
@@ -193,10 +204,10 @@ type LoadTicket struct {
 	Prefill int64 // queued prefill tokens still held: 0 once the first chunk is in
 	SentMS  int64 // when the request was sent (its prefill cannot have started before)
 	// Cached is the request's tokens the target was taken to hold when it was sent,
-	// in a copy CacheAge write-clock tokens old; CacheBase the target's cache then
-	// assumed (0: unknown). Its first chunk says whether the copy was there.
-	Cached, CacheAge, CacheBase int64
-	Valid                       bool
+	// in a copy CacheAge write-clock tokens old. Its first chunk says whether the
+	// copy was there.
+	Cached, CacheAge int64
+	Valid            bool
 }
 
 // NewLoadLedger returns the ledger of one pool.
@@ -337,6 +348,7 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 	}
 	oldest := l.oldestLiveEpoch(nowMS)
 	nowEpoch := nowMS >> recentHalfLifeShift
+	configured := l.configuredCache
 	if v := l.seen; len(v) >= 1 && v[0] == ledgerFormat {
 		for v = v[1:]; len(v) >= ledgerTargetHeader; {
 			i := index(binary.LittleEndian.Uint64(v))
@@ -379,7 +391,7 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 			l.Recent += decayed(d.recent, d.recentEpoch, nowEpoch)
 			l.RecentSent += decayed(d.recentSent, d.recentEpoch, nowEpoch)
 			if d.cacheHit != 0 {
-				l.Cache = learnCache(l.Cache, &d)
+				l.Cache = learnCache(l.Cache, configured, &d)
 			}
 		}
 		if i >= 0 && d.epoch > oldest {
@@ -415,7 +427,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 		}
 	}
 	entries := decodeLedger(l.seen, l.oldestLiveEpoch(nowMS))
-	entries = applyDeltas(entries, l.pending, l.oldestLiveEpoch(nowMS))
+	entries = applyDeltas(entries, l.pending, l.oldestLiveEpoch(nowMS), l.configuredCache)
 	out := make(map[uint64]Load, len(entries))
 	for i := range entries {
 		ld := entries[i].load()
@@ -429,8 +441,9 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 }
 
 // applyDeltas adds deltas to entries, slot by slot, never below zero; deltas to
-// slots at or before oldest have expired and are dropped.
-func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []ledgerEntry {
+// slots at or before oldest have expired and are dropped. A target's learned cache
+// starts from configuredCache.
+func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest, configuredCache int64) []ledgerEntry {
 	for _, d := range deltas {
 		if d.epoch <= oldest && d.written == 0 && d.recentSent == 0 && !d.progress() && d.cacheHit == 0 {
 			continue
@@ -454,7 +467,7 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest int64) []le
 			e.recent, e.recentSent, e.recentEpoch = addRecent(e.recent, e.recentSent, e.recentEpoch, d.recent, d.recentSent, d.recentEpoch)
 		}
 		if d.cacheHit != 0 {
-			e.cache = learnCache(e.cache, &d)
+			e.cache = learnCache(e.cache, configuredCache, &d)
 		}
 		if d.epoch <= oldest {
 			continue
@@ -538,7 +551,7 @@ func (l *LoadLedger) Flush(nowMS int64) error {
 	oldest := l.oldestLiveEpoch(nowMS)
 	var seen []byte
 	err := state.Update(l.store, l.key, l.retries, func(old []byte) ([]byte, bool) {
-		next := encodeLedger(applyDeltas(decodeLedger(old, oldest), l.pending, oldest), l.keepClock)
+		next := encodeLedger(applyDeltas(decodeLedger(old, oldest), l.pending, oldest, l.configuredCache), l.keepClock)
 		if !l.hasChanges() && (old == nil || len(next) == len(old)) {
 			// Nothing to write and nothing expired (dropping a slot shortens the value).
 			seen = old
@@ -611,7 +624,7 @@ func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 	took := max(1, nowMS-max(t.SentMS, prev[0].Chunk))
 	d := ledgerDelta{target: t.Target, epoch: t.Epoch, prefills: -1, prefill: -t.Prefill, since: nowMS, chunk: nowMS, rateTok: t.Prefill, rateMS: took}
 	if hit := cacheNews(t, took, &prev[0]); hit != 0 {
-		d.cacheHit, d.cacheAge, d.cacheBase = hit, t.CacheAge, t.CacheBase
+		d.cacheHit, d.cacheAge = hit, t.CacheAge
 		if hit < 0 {
 			d.rateTok += t.Cached // the copy was computed again
 		}
@@ -633,7 +646,7 @@ func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
 }
 
 // learnCache is a target's learned cache after the news of one first chunk, starting
-// from the configured one when nothing is learned yet. A copy found gone younger
+// from the configured one (0: unknown) when nothing is learned yet. A copy found gone younger
 // than the cache takes it a twentieth down, never below that copy's age (the first
 // such news, with no cache configured, sets it there); a copy found there older
 // than 4/5 of the cache takes it a tenth up, at least to that copy's age. Down is
@@ -641,9 +654,9 @@ func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
 // counting a held one as gone sends its turns elsewhere to compute it again, and
 // their later turns with them. So the cache settles just above the oldest copies
 // that are still there, and one misjudged chunk moves it little.
-func learnCache(cache int64, d *ledgerDelta) int64 {
+func learnCache(cache, configured int64, d *ledgerDelta) int64 {
 	if cache <= 0 {
-		cache = d.cacheBase
+		cache = configured
 	}
 	switch {
 	case d.cacheHit < 0 && (cache <= 0 || d.cacheAge < cache):

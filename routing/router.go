@@ -57,7 +57,7 @@ type poolState struct {
 	waitBuf      []int64                       // per target index: a first turn's wait (soonest)
 	soonBuf      []int                         // the targets soonest keeps
 	known        func(uint32) bool             // whether the prefix index's 32-bit id is a target here
-	clockOf      func(uint32) (uint32, uint32) // a target's write clock and learned cache (0: none) in the view, in blocks
+	clockOf      func(uint32) (uint32, uint32) // a target's write clock and cache (0: unknown) in the view, in blocks
 	syncLoads    []Load                        // the ledger read on the tick, for the index's clocks
 	// Zero, per target index, copied to clear the per-target buffers: in wasm a copy
 	// is one host call, a clear one per doubling of the length.
@@ -81,12 +81,14 @@ func NewRouter(cfg *config.Config, store state.Store, now func() int64) *Router 
 		}
 		ps.setTargets(p.Endpoints)
 		ps.ledger.keepClock = func(id uint64) bool { return ps.targets.Index(id) >= 0 }
+		ps.ledger.configuredCache = cfg.Prefix.TargetCacheTokens
 		ps.known = func(t uint32) bool { return ps.byID32.get(uint64(t)) >= 0 }
 		bt := int64(max(1, cfg.Prefix.BlockTokens))
+		configured := cfg.Prefix.TargetCacheTokens
 		ps.clockOf = func(t uint32) (uint32, uint32) {
 			if i := ps.byID32.get(uint64(t)); i >= 0 && i < len(ps.view.loads) {
 				l := &ps.view.loads[i]
-				return uint32(l.Written / bt), uint32(min(l.Cache/bt, 1<<30))
+				return uint32(l.Written / bt), uint32(min(l.CacheOr(configured)/bt, 1<<30))
 			}
 			return 0, 0
 		}
@@ -594,24 +596,22 @@ func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int
 	*target = p.targets.Targets[choice]
 	id := target.ID
 	uncached := int64(req.Tokens)
-	var age, cache int64 = -1, 0
+	age := int64(-1)
 	if len(pr.cps) > 0 {
 		matched = r.matchedOn(v, req, pr, choice)
 		uncached -= min(int64(matched), uncached)
 		bt := int64(max(1, r.cfg.Prefix.BlockTokens))
-		cache = v.loads[choice].Cache
-		if cache <= 0 {
-			cache = r.cfg.Prefix.TargetCacheTokens
-		}
 		if matched > 0 {
 			age = r.copyAge(v, pr, choice, matched)
 		}
-		p.index.Record(pr.cps, id, uint32((v.loads[choice].Written+uncached)/bt), uint32(min(cache/bt, 1<<30))/8)
+		// Peers hear of a copy in use at least every eighth of the cache.
+		refresh := uint32(min(v.loads[choice].CacheOr(r.cfg.Prefix.TargetCacheTokens)/bt, 1<<30)) / 8
+		p.index.Record(pr.cps, id, uint32((v.loads[choice].Written+uncached)/bt), refresh)
 	}
 	since := v.loads[choice].SinceAfterSend(nowMS)
 	err = p.ledger.acquireInto(ticket, id, int64(req.Tokens), uncached, since, nowMS)
 	if age >= 0 {
-		ticket.Cached, ticket.CacheAge, ticket.CacheBase = int64(matched), age, cache
+		ticket.Cached, ticket.CacheAge = int64(matched), age
 	}
 	// An error leaves the load held in the batch all the same.
 	return kind, matched, err != nil, nil
@@ -682,7 +682,7 @@ func (r *Router) lookupDeepest(v *poolView, pr *prompt) {
 		return
 	}
 	p := v.pool
-	pr.search = p.index.StartMatchLive(pr.cps, p.known, p.clockOf, r.cacheClocks())
+	pr.search = p.index.StartMatchLive(pr.cps, p.known, p.clockOf)
 	pr.search.Next()
 	r.fillMatched(p, pr)
 	pr.complete = pr.search.Done()
@@ -1044,13 +1044,6 @@ func (r *Router) ReportHealth(t Target, prefill bool, failed bool) (bool, error)
 		return false, nil // what Report answers a success on a clean board
 	}
 	return p.health.Report(fp, failed, now)
-}
-
-// cacheClocks is prefix.target_cache_tokens in write-clock units (blocks); 0 when
-// unknown.
-func (r *Router) cacheClocks() uint32 {
-	c := r.cfg.Prefix.TargetCacheTokens / int64(max(1, r.cfg.Prefix.BlockTokens))
-	return uint32(min(c, 1<<30))
 }
 
 // SyncPrefixes shares this VM's prefix records with the other VMs and takes theirs

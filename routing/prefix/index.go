@@ -67,21 +67,20 @@ func (x *PrefixIndex) Match(cps []Checkpoint, known func(uint32) bool) []PrefixM
 // StartMatch begins a lookup that runs one binary search per Next: a caller that only
 // needs the deepest match (a continuation) stops after the first.
 func (x *PrefixIndex) StartMatch(cps []Checkpoint, known func(uint32) bool) *PrefixSearch {
-	return x.StartMatchLive(cps, known, nil, 0)
+	return x.StartMatchLive(cps, known, nil)
 }
 
 // StartMatchLive is StartMatch that also drops evicted copies: a target whose write
 // clock has moved on by more than its cache since it recorded a prefix no longer
 // holds it (its cache has taken in more than it holds since; an LRU cache has evicted
 // the prefix unless something else kept it warm). clockOf gives a target's clock and
-// cache, the cache 0 when it has none of its own: then capacity is its cache, and
-// with capacity 0 too its copies never go stale.
-func (x *PrefixIndex) StartMatchLive(cps []Checkpoint, known func(uint32) bool, clockOf func(uint32) (uint32, uint32), capacity uint32) *PrefixSearch {
+// cache; a target whose cache is 0 (unknown) keeps every copy.
+func (x *PrefixIndex) StartMatchLive(cps []Checkpoint, known func(uint32) bool, clockOf func(uint32) (uint32, uint32)) *PrefixSearch {
 	// Field by field: in wasm a struct literal is zeroed and copied by host calls.
 	// ids, state and now need no reset: only their first nids count.
 	m := &x.search
 	m.x, m.cps, m.known, m.hi, m.rounds, m.found = x, cps, known, len(cps), 0, m.found[:0]
-	m.nids, m.clockOf, m.capacity, m.lastNow, m.lastCap, m.lastID, m.lastState = 0, clockOf, capacity, 0, 0, 0, 0
+	m.nids, m.clockOf, m.lastNow, m.lastCap, m.lastID, m.lastState = 0, clockOf, 0, 0, 0, 0
 	return m
 }
 
@@ -102,10 +101,9 @@ type PrefixSearch struct {
 	caps  [2 * prefixTargetsPerEntry]uint32 // the target's cache, in clock units (0: unknown)
 	nids  int
 
-	clockOf  func(uint32) (uint32, uint32) // see StartMatchLive; nil: copies never go stale
-	capacity uint32
-	lastNow  uint32 // the clock of the target fresh last answered for
-	lastCap  uint32 // and its cache
+	clockOf func(uint32) (uint32, uint32) // see StartMatchLive; nil: copies never go stale
+	lastNow uint32                        // the clock of the target fresh last answered for
+	lastCap uint32                        // and its cache
 	// The target status last answered for and its answer: a search asks of the same
 	// target probe after probe, and this answer is inlined where the cache above
 	// costs a call.
@@ -147,9 +145,6 @@ func (m *PrefixSearch) lookupStatus(t uint32) int8 {
 	m.lastNow, m.lastCap = 0, 0
 	if ok && m.clockOf != nil {
 		m.lastNow, m.lastCap = m.clockOf(t)
-		if m.lastCap == 0 {
-			m.lastCap = m.capacity
-		}
 	}
 	st := int8(-1)
 	if ok {
