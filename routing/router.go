@@ -165,6 +165,13 @@ type poolView struct {
 	// perRequest is the pool's recent mean of uncached tokens per request: the wait
 	// a soft cap charges on a target for each request it has from one below the cap up.
 	perRequest int64
+	// rate is the pool's observed prefill rate, tokens per ms (0: none seen yet).
+	rate float64
+	// nowMS is the time of the decision.
+	nowMS int64
+	// copyTokens is the tokens of the request's prefix when its demand needs another
+	// copy (copiesNeeded), else 0: a target without them counts computing them once.
+	copyTokens int
 }
 
 // view reads health and load and works out eligibility and the fair-share cap.
@@ -222,6 +229,10 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	v.perRequest = 0
 	if sent > 0 {
 		v.perRequest = recent / sent
+	}
+	v.rate, v.nowMS, v.copyTokens = 0, nowMS, 0
+	if rms > 0 {
+		v.rate = float64(rtok) / float64(rms)
 	}
 	return v, nil
 }
@@ -426,6 +437,9 @@ func (r *Router) cheapestFrom(v *poolView, cands []int, req *extract.Request, ma
 		}
 		l := &v.loads[i]
 		cost := float64(v.ahead[i]) + (ownWeight+float64(l.Prefills))*(reqTokens-m) + w*float64(l.Tokens)/denom*reqTokens
+		if hot := float64(v.copyTokens); hot > m {
+			cost -= (ownWeight - 1) * (hot - m)
+		}
 		if i == home {
 			cost += stay
 		} else {
@@ -731,12 +745,17 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 	// The deepest match alone decides a continuation (the longest match wins); the
 	// other targets' shorter matches are looked up only when there is none.
 	r.lookupDeepest(v, pr)
-	if i := r.continuation(v, req, pr, cands, true); i >= 0 {
-		return i, KindContinuation
-	}
-	r.lookup(v, pr)
-	if i := r.continuation(v, req, pr, cands, true); i >= 0 {
-		return i, KindContinuation
+	if r.copiesNeeded(v, req, pr) {
+		// No holder keeps it outright: each is weighed against a new copy.
+		r.lookup(v, pr)
+	} else {
+		if i := r.continuation(v, req, pr, cands, true); i >= 0 {
+			return i, KindContinuation
+		}
+		r.lookup(v, pr)
+		if i := r.continuation(v, req, pr, cands, true); i >= 0 {
+			return i, KindContinuation
+		}
 	}
 	if h := r.continuation(v, req, pr, v.eligible, false); h >= 0 {
 		extra := !contains(cands, h)
@@ -758,6 +777,61 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 	}
 	return i, KindLoad
 }
+
+// copiesNeeded reports whether the prefix of the request's deepest match is in
+// demand: the tokens of their own that the prefix's other requests brought lately
+// (Demand), at that pace, take more than copyLoad of its holders' time. Then
+// v.copyTokens is set to the prefix's tokens, which a target without them weighs as
+// its user's wait alone, and the cost decides whether this request makes a copy.
+func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) bool {
+	if pr.search == nil || v.rate <= 0 {
+		return false
+	}
+	found := pr.search.Found() // the deepest match's holders, all at one depth
+	if len(found) == 0 || len(found) >= prefix.TargetsPerEntry {
+		return false // none, or as many as an entry names: counted as held everywhere
+	}
+	bt := r.cfg.Prefix.BlockTokens
+	shared := found[0].Blocks * bt
+	own := req.Tokens - shared
+	if own <= 0 {
+		return false
+	}
+	demand, span := pr.search.Demand(v.nowMS, (own+bt-1)/bt)
+	// The holders' own rate: their first chunks time these requests' tokens from the
+	// index's deepest checkpoint on, as own counts them.
+	var rtok, rms int64
+	for _, m := range found {
+		if i := v.pool.byID32.get(uint64(m.Target)); i >= 0 {
+			rtok += v.loads[i].RateTokens
+			rms += v.loads[i].RateMS
+		}
+	}
+	rate := v.rate
+	if rms > 0 {
+		rate = float64(rtok) / float64(rms)
+	}
+	// Demand seen over the last seconds says nothing of whether it lasts as long as a
+	// longer copy takes to make.
+	if float64(shared)/rate > 2*prefix.HeatWindowMS {
+		return false
+	}
+	perMS := float64(demand*bt) / float64(max(span, minDemandSpanMS))
+	if perMS/rate <= copyLoad*float64(len(found)) {
+		return false
+	}
+	v.copyTokens = shared
+	return true
+}
+
+// copyLoad is the share of its holders' time a prefix's demand takes before a copy
+// is weighed at its user's wait alone: less, and a copy would serve too few of its
+// requests to be worth the cache it evicts. minDemandSpanMS is the least time demand
+// is counted over, so that requests a moment apart are not taken for a flood.
+const (
+	copyLoad        = 0.2
+	minDemandSpanMS = 256
+)
 
 // queueFits reports whether the prefill queued on target i is no more than what the
 // request's cache there is worth (ownWeight × its cached tokens): then waiting there

@@ -79,7 +79,7 @@ func (x *PrefixIndex) StartMatchLive(cps []Checkpoint, known func(uint32) bool, 
 	// Field by field: in wasm a struct literal is zeroed and copied by host calls.
 	// ids, state and now need no reset: only their first nids count.
 	m := &x.search
-	m.x, m.cps, m.known, m.hi, m.rounds, m.found = x, cps, known, len(cps), 0, m.found[:0]
+	m.x, m.cps, m.known, m.hi, m.rounds, m.found, m.deepest = x, cps, known, len(cps), 0, m.found[:0], nil
 	m.nids, m.clockOf, m.lastNow, m.lastCap, m.lastID, m.lastState = 0, clockOf, 0, 0, 0, 0
 	return m
 }
@@ -92,6 +92,8 @@ type PrefixSearch struct {
 	hi     int // search checkpoints [0, hi)
 	rounds int
 	found  []PrefixMatch
+	// deepest is the entry of the deepest match (the first round's), nil if none.
+	deepest *prefixEntry
 	// known and "found already" are asked of the same few ids at every probe: their
 	// answers are kept here rather than asked through a closure each time (costly in
 	// wasm). state: 1 known, 2 known and found, -1 unknown.
@@ -113,6 +115,18 @@ type PrefixSearch struct {
 
 // Found is every match found so far, deepest first.
 func (m *PrefixSearch) Found() []PrefixMatch { return m.found }
+
+// Demand counts this request, with own blocks of its own beyond its deepest match, on
+// that match's prefix at nowMS. It returns the blocks of their own that the other
+// requests whose deepest match that prefix was brought in the last one to two
+// seconds (not counting the first of them, which starts the clock), and the time since
+// that first one in ms; 0, 0 without a match. The count is this VM's own.
+func (m *PrefixSearch) Demand(nowMS int64, own int) (blocks int, spanMS int64) {
+	if m.deepest == nil {
+		return 0, 0
+	}
+	return m.deepest.warm(nowMS, own)
+}
 
 // Done reports whether further rounds can find nothing more.
 func (m *PrefixSearch) Done() bool { return m.rounds >= maxMatchRounds || m.hi <= 0 }
@@ -230,6 +244,9 @@ func (m *PrefixSearch) Next() bool {
 	if top < 0 {
 		m.hi = 0
 		return false
+	}
+	if m.rounds == 1 {
+		m.deepest = topEntry
 	}
 	for s, t := range topEntry.targets {
 		if t != 0 && m.fresh(t) && m.live(topEntry, s) {

@@ -15,6 +15,8 @@ type prefixTable struct {
 const (
 	prefixWays            = 8
 	prefixTargetsPerEntry = 4
+	// TargetsPerEntry is how many holders a prefix's entry names at most.
+	TargetsPerEntry = prefixTargetsPerEntry
 )
 
 type prefixEntry struct {
@@ -24,6 +26,36 @@ type prefixEntry struct {
 	// the clock has moved on by more than the target's cache holds, the copy is gone.
 	clocks [prefixTargetsPerEntry]uint32
 	stamp  uint32 // 0 marks an empty entry
+	// Since heatFrom (in heatUnitMS units, wrapping) the requests whose deepest match
+	// was this prefix brought heat − 1 blocks of their own, saturating; the first of
+	// them only started the count (0: none yet). The prefix's demand now.
+	heatFrom, heat uint16
+}
+
+const (
+	heatUnitMS   = 16   // so heatFrom wraps after 17 minutes
+	HeatWindowMS = 1024 // demand is counted over the last one to two of these
+)
+
+// warm counts a request of own blocks of its own on e at nowMS and returns the blocks
+// of their own that the requests since the first one counted brought before this one,
+// and the time since that first one, in ms: from the first request, which starts the
+// clock, the next ones' tokens over the time they took to come. Past two windows the
+// count is scaled to the last window, as if its requests had come evenly.
+func (e *prefixEntry) warm(nowMS int64, own int) (blocks int, spanMS int64) {
+	now := uint16(nowMS / heatUnitMS)
+	if e.heat == 0 {
+		e.heatFrom, e.heat = now, 1
+		return 0, 0
+	}
+	span := int64(uint16(now-e.heatFrom)) * heatUnitMS
+	if span > 2*HeatWindowMS {
+		e.heat = uint16(int64(e.heat-1)*HeatWindowMS/span) + 1
+		e.heatFrom, span = now-HeatWindowMS/heatUnitMS, HeatWindowMS
+	}
+	before := int(e.heat) - 1
+	e.heat = uint16(min(int(e.heat)+own, 1<<16-1))
+	return before, span
 }
 
 func newPrefixTable(capacity int) *prefixTable {
@@ -166,6 +198,7 @@ func (t *prefixTable) recordSlot(hash uint64, target, clock, refresh, stamp uint
 	e.hash, e.stamp = hash, stamp
 	e.targets = [prefixTargetsPerEntry]uint32{target}
 	e.clocks = [prefixTargetsPerEntry]uint32{clock}
+	e.heatFrom, e.heat = 0, 0
 	return true
 }
 

@@ -127,3 +127,36 @@ func TestPrefixTableRecordsABatchAsOneAtATime(t *testing.T) {
 		}
 	}
 }
+
+func TestAPrefixCountsItsDemand(t *testing.T) {
+	tab := newPrefixTable(64)
+	recordOne(tab, 1, 7, 10, 0)
+	e := tab.find(1)
+	n, span := e.warm(16_000, 20)
+	assert.Equal(t, 0, n, "the first request starts the clock")
+	assert.Equal(t, int64(0), span)
+	n, span = e.warm(16_096, 30)
+	assert.Equal(t, 0, n, "the first one's own tokens are not counted: it came at the start")
+	assert.Equal(t, int64(96), span, "from the first request")
+	n, span = e.warm(18_000, 10)
+	assert.Equal(t, 30, n, "the blocks of the requests since the first")
+	assert.Equal(t, int64(2000), span)
+	// Past two windows, what was counted is taken as even over the time and scaled
+	// to the last window.
+	n, span = e.warm(20_000, 10)
+	assert.Equal(t, 40*HeatWindowMS/4000, n)
+	assert.Equal(t, int64(HeatWindowMS), span)
+	// An entry that another hash takes over starts with no demand.
+	tab2 := newPrefixTable(8)
+	recordOne(tab2, 1, 7, 10, 0)
+	tab2.find(1).warm(16_000, 5)
+	tab2.find(1).warm(16_016, 5)
+	tab2.find(1).warm(16_032, 5)
+	for h := uint64(2); h <= prefixWays; h++ {
+		recordOne(tab2, h, 7, 10+uint32(h), 0) // one set: the table has one
+	}
+	recordOne(tab2, 100, 7, 30, 0) // the set is full: the least recently written way, 1's, goes
+	require.Nil(t, tab2.find(1))
+	n, _ = tab2.find(100).warm(16_048, 5)
+	assert.Equal(t, 0, n, "a new entry on an old way has no demand")
+}

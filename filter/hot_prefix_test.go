@@ -1,0 +1,85 @@
+package main
+
+import (
+	"math/rand"
+	"strings"
+	"testing"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestAPrefixIsCopiedWhenItsDemandOutrunsItsHolderInFilter: a document (8000 tokens)
+// is computed on rank 0 of four in 200 ms (40 tokens a ms). Then twelve requests on
+// the document, each with 1000 tokens of its own, are sent: 5 ms apart, left in
+// prefill, they bring rank 0 far more than it computes, and the document is copied
+// to other ranks from the burst's first requests on, while rank 0's queue is still
+// well under what its copy is worth. A second apart, each answered before the next,
+// they all stay on rank 0.
+func TestAPrefixIsCopiedWhenItsDemandOutrunsItsHolderInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":4}]}}}`
+	for _, tc := range []struct {
+		name     string
+		gapMS    int
+		answered bool
+		copied   bool
+	}{{"a burst", 5, false, true}, {"a second apart", 1000, true, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(41))
+				doc := prose(rng, 32000)
+				// send sends body and returns its stream, rank and decision.
+				send := func(body string, headers ...[2]string) (id uint32, rank, decision string) {
+					id, action := h.send(post("/v1/completions", completionBody(body), headers...))
+					require.Equal(t, types.ActionContinue, action)
+					rank, _ = h.header(id, "x-data-parallel-rank")
+					decision, _ = h.header(id, "x-kvroute-decision")
+					h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
+					return id, rank, decision
+				}
+				answer := func(id uint32) {
+					h.CallOnResponseBody(id, []byte("data: {}\n\n"), false)
+					h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
+					h.CompleteHttpContext(id)
+				}
+				id, rank, _ := send(doc, [2]string{"x-data-parallel-rank", "0"})
+				require.Equal(t, "0", rank)
+				h.advance(200)
+				answer(id)
+				ranks := map[string]int{}
+				firstCopy := 0
+				var open []uint32
+				for i := 1; i <= 12; i++ {
+					h.advance(tc.gapMS)
+					id, rank, decision := send(doc + prose(rng, 4000))
+					ranks[rank]++
+					if rank != "0" && firstCopy == 0 {
+						firstCopy = i
+						assert.Equal(t, "load", decision, "the copy goes where the document is not")
+					} else if rank == "0" {
+						assert.True(t, strings.HasPrefix(decision, "continuation"), decision)
+					}
+					if tc.answered {
+						h.advance(30)
+						answer(id)
+					} else {
+						open = append(open, id)
+					}
+				}
+				for _, id := range open {
+					answer(id)
+				}
+				if !tc.copied {
+					assert.Equal(t, map[string]int{"0": 12}, ranks)
+					return
+				}
+				assert.Greater(t, len(ranks), 1, "ranks used: %v", ranks)
+				assert.LessOrEqual(t, firstCopy, 6, "copied from the burst's first requests on")
+				assert.Greater(t, ranks["0"], 1, "the holder keeps taking its share")
+			})
+		})
+	}
+}
