@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math/rand"
 	"strings"
 	"testing"
@@ -82,4 +83,47 @@ func TestAPrefixIsCopiedWhenItsDemandOutrunsItsHolderInFilter(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestEveryReplicaCopiesAPrefixOntoTheSameTargetsInFilter: three gateway replicas,
+// which share nothing, each see a burst on the same document over eight ranks (each
+// computed it first on a rank of its own). All copy it onto the four ranks the
+// document's hash ranks first, so their copies land on the same few ranks.
+func TestEveryReplicaCopiesAPrefixOntoTheSameTargetsInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":8}]}}}`
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		rng := rand.New(rand.NewSource(42))
+		doc := prose(rng, 32000)
+		copies := map[string]bool{}
+		for _, firstRank := range []string{"0", "5", "2"} {
+			t.Run("first on rank "+firstRank, func(t *testing.T) {
+				h := startHost(t, vm, cfg)
+				id, _ := h.send(post("/v1/completions", completionBody(doc), [2]string{"x-data-parallel-rank", firstRank}))
+				h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
+				h.advance(200)
+				h.CallOnResponseBody(id, []byte("data: {}\n\n"), false)
+				h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
+				h.CompleteHttpContext(id)
+				var open []uint32
+				for i := 0; i < 16; i++ {
+					h.advance(5)
+					id, _ := h.send(post("/v1/completions", completionBody(doc+prose(rng, 4000)),
+						[2]string{"x-request-id", fmt.Sprintf("replica-%s-%d", firstRank, i)}))
+					rank, _ := h.header(id, "x-data-parallel-rank")
+					if rank != firstRank {
+						copies[rank] = true
+					}
+					h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
+					open = append(open, id)
+				}
+				for _, id := range open {
+					h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
+					h.CompleteHttpContext(id)
+				}
+			})
+		}
+		assert.NotEmpty(t, copies)
+		assert.LessOrEqual(t, len(copies), 4, "the replicas' copies: %v", copies)
+	})
 }

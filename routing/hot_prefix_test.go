@@ -1,9 +1,14 @@
 package routing
 
 import (
+	"fmt"
 	"math/rand"
+	"sort"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/hashx"
+	"github.com/kvroute/kvroute/routing/prefix"
 	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -54,4 +59,82 @@ func TestAPrefixIsCopiedWhenItsDemandOutrunsItsHolder(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestEveryReplicaCopiesAPrefixOntoTheSameTargets(t *testing.T) {
+	// Eight targets; two gateway replicas that share nothing each see a burst on the
+	// same document. Wherever each computed it first, both copy it onto the targets
+	// the document's hash ranks first, so their copies land on the same few targets.
+	cfg := eightTargets(t, 100)
+	rng := rand.New(rand.NewSource(32))
+	doc := words(rng, 8000)
+	copies := map[uint64]bool{}
+	for replica := uint64(0); replica < 2; replica++ {
+		clock := &fakeClock{ms: 1e6}
+		r := NewRouter(cfg, state.NewMemoryStore(), clock.now)
+		first := r.Decide(textRequest(doc, 100*replica+1), NoRank)
+		clock.ms += 200
+		require.NoError(t, r.FirstChunk(&first.Ticket))
+		require.NoError(t, r.Release(first.Ticket))
+		for i := uint64(0); i < 12; i++ {
+			clock.ms += 5
+			d := r.Decide(textRequest(doc+words(rng, 1600), 100*replica+10+i), NoRank)
+			if d.Target.ID != first.Target.ID {
+				copies[d.Target.ID] = true
+			}
+		}
+	}
+	assert.NotEmpty(t, copies)
+	assert.LessOrEqual(t, len(copies), prefix.TargetsPerEntry, "both replicas' copies: %v", copies)
+}
+
+func TestAPrefixInDemandWithEveryPlaceAtTheCap(t *testing.T) {
+	// Eight targets at fair_share_multiplier 1. The document's holder and the four
+	// targets its hash ranks first each have two requests of other prompts: all are
+	// at the cap. A burst of requests that each add three times the document's tokens
+	// (the document too small a share of them for its holder to take them as
+	// continuations) goes to the other targets.
+	rng := rand.New(rand.NewSource(33))
+	doc := words(rng, 8000)
+	clock := &fakeClock{ms: 1e6}
+	r := NewRouter(eightTargets(t, 1), state.NewMemoryStore(), clock.now)
+	first := r.Decide(textRequest(doc, 1), NoRank)
+	clock.ms += 200
+	require.NoError(t, r.FirstChunk(&first.Ticket))
+	require.NoError(t, r.Release(first.Ticket))
+	// The hash of the document's deepest checkpoint, which a burst request matches.
+	q := textRequest(doc, 2)
+	cps, _ := prefix.HashCheckpoints(q.Model, q.Prompt, q.BlockBytes, nil)
+	key := cps[len(cps)-1].Hash
+	ts := append([]Target(nil), r.DecodeTargets()...)
+	sort.Slice(ts, func(a, b int) bool {
+		return hashx.RendezvousScore(key, ts[a].ID) > hashx.RendezvousScore(key, ts[b].ID)
+	})
+	full := map[uint64]bool{first.Target.ID: true}
+	for _, tg := range ts[:prefix.TargetsPerEntry] {
+		full[tg.ID] = true
+	}
+	for id := range full {
+		for k := 0; k < 2; k++ {
+			_, err := r.decode.ledger.AcquireQueued(id, 100, 0, 0, clock.ms)
+			require.NoError(t, err)
+		}
+	}
+	for i := uint64(0); i < 6; i++ {
+		clock.ms += 5
+		d := r.Decide(textRequest(doc+words(rng, 24000), 10+i), NoRank)
+		assert.False(t, full[d.Target.ID], "request %d went to a target at the cap", i)
+	}
+}
+
+// eightTargets is a pool of eight targets at the fair-share multiplier m.
+func eightTargets(t *testing.T, m int) *config.Config {
+	t.Helper()
+	js := fmt.Sprintf(`{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},
+		{"address":"10.0.0.3:8000"},{"address":"10.0.0.4:8000"},{"address":"10.0.0.5:8000"},
+		{"address":"10.0.0.6:8000"},{"address":"10.0.0.7:8000"},{"address":"10.0.0.8:8000"}]}},
+		"balance":{"fair_share_multiplier":%d}}`, m)
+	cfg, err := config.ParseConfig([]byte(js))
+	require.NoError(t, err)
+	return &cfg
 }

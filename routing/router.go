@@ -51,6 +51,7 @@ type poolState struct {
 	viewEligible []int
 	everyTarget  []int // 0, 1, …: the view's eligible targets when every one is (read only)
 	candBuf      []int
+	copyBuf      []int                         // the candidates copyPlaces keeps
 	byID32       targetIndex                   // low 32 bits of a target id → index, as the prefix index keeps them
 	matchedBuf   []int                         // per target index: matched blocks of the request being decided
 	tokensBuf    []int                         // per target index: matched tokens, gated
@@ -136,6 +137,7 @@ func (ps *poolState) setTargets(eps []config.Endpoint) {
 		ps.everyTarget[i] = i
 	}
 	ps.candBuf = make([]int, 0, n)
+	ps.copyBuf = make([]int, 0, n)
 }
 
 // DecodeTargets and PrefillTargets expose the expanded pools (for gauges and tools).
@@ -748,6 +750,7 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 	if r.copiesNeeded(v, req, pr) {
 		// No holder keeps it outright: each is weighed against a new copy.
 		r.lookup(v, pr)
+		cands = r.copyPlaces(v, cands, pr)
 	} else {
 		if i := r.continuation(v, req, pr, cands, true); i >= 0 {
 			return i, KindContinuation
@@ -822,6 +825,41 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 	}
 	v.copyTokens = shared
 	return true
+}
+
+// copyPlaces narrows cands for a prefix in demand to its holders and the targets
+// where its copies go: the prefix.TargetsPerEntry eligible targets its hash ranks
+// first (rendezvous). Every VM and gateway replica copies a prefix onto the same
+// few targets, whatever load each of them sees, so their copies do not multiply.
+func (r *Router) copyPlaces(v *poolView, cands []int, pr *prompt) []int {
+	p := v.pool
+	key := pr.search.DeepestHash()
+	// The rendezvous scores of the eligible targets; the places are those with one
+	// of the prefix.TargetsPerEntry highest.
+	var top [prefix.TargetsPerEntry]uint64
+	for _, i := range v.eligible {
+		s := hashx.RendezvousScore(key, p.targets.Targets[i].ID)
+		for k := range top {
+			if s > top[k] {
+				copy(top[k+1:], top[k:len(top)-1])
+				top[k] = s
+				break
+			}
+		}
+	}
+	least := top[len(top)-1]
+	out := p.copyBuf[:0]
+	for _, i := range cands {
+		if pr.matched[i]*r.cfg.Prefix.BlockTokens >= v.copyTokens ||
+			hashx.RendezvousScore(key, p.targets.Targets[i].ID) >= least {
+			out = append(out, i)
+		}
+	}
+	if len(out) == 0 {
+		return cands // every place is at the cap: the cap's own choice
+	}
+	p.copyBuf = out
+	return out
 }
 
 // copyLoad is the share of its holders' time a prefix's demand takes before a copy

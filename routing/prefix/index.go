@@ -128,6 +128,15 @@ func (m *PrefixSearch) Demand(nowMS int64, own int) (blocks int, spanMS int64) {
 	return m.deepest.warm(nowMS, own)
 }
 
+// DeepestHash is the hash of the deepest match's prefix (0 without a match): the
+// same for every request that shares that prefix, on every VM and replica.
+func (m *PrefixSearch) DeepestHash() uint64 {
+	if m.deepest == nil {
+		return 0
+	}
+	return m.deepest.hash
+}
+
 // Done reports whether further rounds can find nothing more.
 func (m *PrefixSearch) Done() bool { return m.rounds >= maxMatchRounds || m.hi <= 0 }
 
