@@ -25,6 +25,10 @@ import (
 //     4000 one-shot questions of 100–1500 tokens at 10/s (Poisson); application k
 //     is asked in proportion to 1/(k+1). Long shared prompts of uneven popularity,
 //     without conversation ids.
+//   - agents: 4 tool prompts of 8–20 blocks; sessions start at 2/s (Poisson) for
+//     400 s, each on tool k in proportion to 1/(k+1), with 3–8 turns 2–10 s apart;
+//     a turn adds 200–800 tokens, and the next turn's prompt holds this one's and its
+//     answer. Agent loops: many conversations on a few shared prompts, without ids.
 
 // shapeGen builds one workload: its random numbers, the next free hash id and the
 // requests so far.
@@ -38,6 +42,7 @@ var shapes = map[string]func(g *shapeGen){
 	"bursts":    (*shapeGen).bursts,
 	"documents": (*shapeGen).documents,
 	"apps":      (*shapeGen).apps,
+	"agents":    (*shapeGen).agents,
 }
 
 // ids returns n new hash ids.
@@ -86,6 +91,37 @@ func (g *shapeGen) documents() {
 	}
 }
 
+func (g *shapeGen) agents() {
+	tools := make([][]uint64, 4)
+	total := 0.0
+	for k := range tools {
+		tools[k] = g.ids(g.rng.uniform(8, 20))
+		total += 1 / float64(k+1)
+	}
+	for start := g.rng.exp(1.0 / 2); start < 400; start += g.rng.exp(1.0 / 2) {
+		u := float64(g.rng.next()>>11) / (1 << 53) * total
+		k := 0
+		for ; k < len(tools)-1; k++ {
+			if u -= 1 / float64(k+1); u < 0 {
+				break
+			}
+		}
+		history, at := tools[k], start
+		for turns := g.rng.uniform(3, 8); turns > 0; turns-- {
+			tokens := len(history)*MooncakeBlockTokens + g.rng.uniform(200, 800)
+			blocks := (tokens + MooncakeBlockTokens - 1) / MooncakeBlockTokens
+			hashes := append(append([]uint64(nil), history...), g.ids(blocks-len(history))...)
+			out := g.rng.uniform(50, 300)
+			g.out = append(g.out, MooncakeRecord{Timestamp: math.Round(at * 1000), InputLength: tokens,
+				OutputLength: out, HashIDs: hashes})
+			// The next turn holds this prompt's full blocks and the answer.
+			full := (tokens + out) / MooncakeBlockTokens
+			history = append(hashes[:min(len(hashes), full):min(len(hashes), full)], g.ids(max(0, full-len(hashes)))...)
+			at += 2 + 8*float64(g.rng.next()>>11)/(1<<53)
+		}
+	}
+}
+
 func (g *shapeGen) apps() {
 	const apps = 20
 	prompts := make([][]uint64, apps)
@@ -112,7 +148,7 @@ func (g *shapeGen) apps() {
 func writeShape(w io.Writer, shape string, seed uint64) error {
 	gen, ok := shapes[shape]
 	if !ok {
-		return fmt.Errorf("unknown shape %q (bursts, documents, apps)", shape)
+		return fmt.Errorf("unknown shape %q (bursts, documents, apps, agents)", shape)
 	}
 	g := &shapeGen{rng: &chatRand{s: seed}}
 	gen(g)
@@ -124,7 +160,7 @@ func writeShape(w io.Writer, shape string, seed uint64) error {
 // workload and returns the exit code.
 func shapeMain(args []string) int {
 	if len(args) == 0 || args[0] == "" || args[0][0] == '-' {
-		fmt.Fprintln(os.Stderr, "usage: kvroute-replay -gen-shape bursts|documents|apps [-o file] [-seed n]")
+		fmt.Fprintln(os.Stderr, "usage: kvroute-replay -gen-shape bursts|documents|apps|agents [-o file] [-seed n]")
 		return 2
 	}
 	shape := args[0]

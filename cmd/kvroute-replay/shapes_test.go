@@ -86,3 +86,45 @@ func TestDocumentsAndAppsShareTheirPrefixes(t *testing.T) {
 	}
 	assert.Greater(t, hi, 10*lo)
 }
+
+func TestAgentsGrowTheirHistoryOnAFewToolPrompts(t *testing.T) {
+	recs, _ := readShape(t, "agents", 6)
+	tools := byPrefix(recs)
+	require.Len(t, tools, 4, "every session starts with one of the 4 tool prompts")
+	// The tool prompt is what every record of its group shares.
+	toolLen := map[uint64]int{}
+	for first, group := range tools {
+		n := len(group[0].HashIDs)
+		for _, r := range group {
+			for n > 0 && (len(r.HashIDs) < n || r.HashIDs[n-1] != group[0].HashIDs[n-1]) {
+				n--
+			}
+		}
+		assert.GreaterOrEqual(t, n, 8)
+		assert.LessOrEqual(t, n, 20)
+		toolLen[first] = n
+	}
+	// A later turn's prompt holds an earlier turn's whole: the earlier prompt's
+	// next-to-last block (its last may be partial) is at the same place in it.
+	type at struct {
+		pos int
+		id  uint64
+	}
+	earlier := map[at]bool{}
+	grown := 0
+	for _, r := range recs {
+		for p := toolLen[r.HashIDs[0]]; p < len(r.HashIDs); p++ {
+			if earlier[at{p, r.HashIDs[p]}] {
+				grown++
+				break
+			}
+		}
+		if n := len(r.HashIDs) - 2; n >= toolLen[r.HashIDs[0]] {
+			earlier[at{n, r.HashIDs[n]}] = true
+		}
+	}
+	// Sessions of 3–8 turns: about four in five turns follow one, fewer counted here
+	// (a first turn with under two blocks of its own leaves no block to find).
+	assert.Greater(t, grown, len(recs)*6/10, "turns that continue a history")
+	assert.Less(t, grown, len(recs)*9/10)
+}
