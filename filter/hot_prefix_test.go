@@ -17,16 +17,22 @@ import (
 // prefill, they bring rank 0 far more than it computes, and the document is copied
 // to other ranks from the burst's first requests on, while rank 0's queue is still
 // well under what its copy is worth. A second apart, each answered before the next,
-// they all stay on rank 0.
+// they all stay on rank 0; so does a burst when rank 0 took 5 s for the document.
 func TestAPrefixIsCopiedWhenItsDemandOutrunsItsHolderInFilter(t *testing.T) {
 	const cfg = `{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
 		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":4}]}}}`
 	for _, tc := range []struct {
 		name     string
+		docMS    int // the time the document took to compute
 		gapMS    int
 		answered bool
 		copied   bool
-	}{{"a burst", 5, false, true}, {"a second apart", 1000, true, false}} {
+	}{
+		{"a burst", 200, 5, false, true},
+		{"a second apart", 200, 1000, true, false},
+		// At 5000 ms a copy takes longer than the demand was measured over.
+		{"a burst on a prefix slow to copy", 5000, 5, false, false},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
 				h := startHost(t, vm, cfg)
@@ -48,7 +54,7 @@ func TestAPrefixIsCopiedWhenItsDemandOutrunsItsHolderInFilter(t *testing.T) {
 				}
 				id, rank, _ := send(doc, [2]string{"x-data-parallel-rank", "0"})
 				require.Equal(t, "0", rank)
-				h.advance(200)
+				h.advance(tc.docMS)
 				answer(id)
 				ranks := map[string]int{}
 				firstCopy := 0

@@ -20,20 +20,26 @@ func TestAPrefixIsCopiedWhenItsDemandOutrunsItsHolder(t *testing.T) {
 	// they bring eight times what X computes, and the burst is copied to the other
 	// targets from its first few requests on, while X's queue is still well under
 	// what its copy is worth at ownWeight. A second apart, each answered before the
-	// next, they all stay on X.
+	// next, they all stay on X; so does a burst when X took 3 s for the document.
 	rng := rand.New(rand.NewSource(31))
 	doc := words(rng, 8000)
 	for _, c := range []struct {
 		name     string
+		docMS    int64 // the time the document took to compute
 		gapMS    int64
 		answered bool
 		targets  int
-	}{{"a burst", 5, false, 3}, {"a second apart", 1000, true, 1}} {
+	}{
+		{"a burst", 200, 5, false, 3},
+		{"a second apart", 200, 1000, true, 1},
+		// At 3000 ms a copy takes longer than the demand was measured over.
+		{"a burst on a prefix slow to copy", 3000, 5, false, 1},
+	} {
 		t.Run(c.name, func(t *testing.T) {
 			clock := &fakeClock{ms: 1e6}
 			r := NewRouter(testConfig(t, `,"balance":{"fair_share_multiplier":100}`), state.NewMemoryStore(), clock.now)
 			first := r.Decide(textRequest(doc, 1), NoRank)
-			clock.ms += 200
+			clock.ms += c.docMS
 			require.NoError(t, r.FirstChunk(&first.Ticket))
 			require.NoError(t, r.Release(first.Ticket))
 			used := map[uint64]int{}
