@@ -133,3 +133,43 @@ func TestEveryReplicaCopiesAPrefixOntoTheSameTargetsInFilter(t *testing.T) {
 		assert.LessOrEqual(t, len(copies), 4, "the replicas' copies: %v", copies)
 	})
 }
+
+// TestCopiesByDemandStopBeforeTheEntryFillsInALargePoolInFilter: a burst far beyond
+// what any number of holders keeps up with is copied until it has 4 holders over 8
+// ranks, as many as its index entry names, and 3 over 16, since a full entry counts
+// as held on every rank and the burst would then spread over all 16.
+func TestCopiesByDemandStopBeforeTheEntryFillsInALargePoolInFilter(t *testing.T) {
+	for _, tc := range []struct{ ranks, holders int }{{8, 4}, {16, 3}} {
+		t.Run(fmt.Sprint(tc.ranks), func(t *testing.T) {
+			cfg := fmt.Sprintf(`{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
+				"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":%d}]}}}`, tc.ranks)
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(43))
+				doc := prose(rng, 32000)
+				id, _ := h.send(post("/v1/completions", completionBody(doc), [2]string{"x-data-parallel-rank", "0"}))
+				h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
+				h.advance(200)
+				h.CallOnResponseBody(id, []byte("data: {}\n\n"), false)
+				h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
+				h.CompleteHttpContext(id)
+				ranks := map[string]bool{}
+				var open []uint32
+				for i := 0; i < 40; i++ {
+					h.advance(2)
+					id, _ := h.send(post("/v1/completions", completionBody(doc+prose(rng, 4000)),
+						[2]string{"x-request-id", fmt.Sprintf("burst-%d", i)}))
+					rank, _ := h.header(id, "x-data-parallel-rank")
+					ranks[rank] = true
+					h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
+					open = append(open, id)
+				}
+				for _, id := range open {
+					h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
+					h.CompleteHttpContext(id)
+				}
+				assert.Len(t, ranks, tc.holders, "ranks used: %v", ranks)
+			})
+		})
+	}
+}

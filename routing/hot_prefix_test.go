@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
@@ -94,6 +95,32 @@ func TestEveryReplicaCopiesAPrefixOntoTheSameTargets(t *testing.T) {
 	assert.LessOrEqual(t, len(copies), prefix.TargetsPerEntry, "both replicas' copies: %v", copies)
 }
 
+func TestCopiesByDemandStopBeforeTheEntryFillsInALargePool(t *testing.T) {
+	// A burst far beyond what any number of holders keeps up with. In a pool of 8
+	// targets it is copied until it has 4 holders, as many as its index entry names;
+	// in a pool of 16 it stops at 3, since a full entry counts as held on every
+	// target and the burst would then spread over all 16.
+	for _, c := range []struct{ pool, holders int }{{8, 4}, {16, 3}} {
+		t.Run(fmt.Sprint(c.pool), func(t *testing.T) {
+			rng := rand.New(rand.NewSource(34))
+			doc := words(rng, 8000)
+			clock := &fakeClock{ms: 1e6}
+			r := NewRouter(targets(t, c.pool, 100), state.NewMemoryStore(), clock.now)
+			first := r.Decide(textRequest(doc, 1), NoRank)
+			clock.ms += 200
+			require.NoError(t, r.FirstChunk(&first.Ticket))
+			require.NoError(t, r.Release(first.Ticket))
+			used := map[uint64]bool{}
+			for i := uint64(0); i < 40; i++ {
+				clock.ms += 2
+				d := r.Decide(textRequest(doc+words(rng, 1600), 10+i), NoRank)
+				used[d.Target.ID] = true
+			}
+			assert.Len(t, used, c.holders)
+		})
+	}
+}
+
 func TestAPrefixInDemandWithEveryPlaceAtTheCap(t *testing.T) {
 	// Eight targets at fair_share_multiplier 1. The document's holder and the four
 	// targets its hash ranks first each have two requests of other prompts: all are
@@ -134,12 +161,17 @@ func TestAPrefixInDemandWithEveryPlaceAtTheCap(t *testing.T) {
 }
 
 // eightTargets is a pool of eight targets at the fair-share multiplier m.
-func eightTargets(t *testing.T, m int) *config.Config {
+func eightTargets(t *testing.T, m int) *config.Config { return targets(t, 8, m) }
+
+// targets is a pool of n targets at the fair-share multiplier m.
+func targets(t *testing.T, n, m int) *config.Config {
 	t.Helper()
-	js := fmt.Sprintf(`{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},
-		{"address":"10.0.0.3:8000"},{"address":"10.0.0.4:8000"},{"address":"10.0.0.5:8000"},
-		{"address":"10.0.0.6:8000"},{"address":"10.0.0.7:8000"},{"address":"10.0.0.8:8000"}]}},
-		"balance":{"fair_share_multiplier":%d}}`, m)
+	eps := make([]string, n)
+	for i := range eps {
+		eps[i] = fmt.Sprintf(`{"address":"10.0.0.%d:8000"}`, i+1)
+	}
+	js := fmt.Sprintf(`{"pools":{"decode":{"endpoints":[%s]}},"balance":{"fair_share_multiplier":%d}}`,
+		strings.Join(eps, ","), m)
 	cfg, err := config.ParseConfig([]byte(js))
 	require.NoError(t, err)
 	return &cfg

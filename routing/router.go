@@ -791,8 +791,8 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 		return false
 	}
 	found := pr.search.Found() // the deepest match's holders, all at one depth
-	if len(found) == 0 || len(found) >= prefix.TargetsPerEntry {
-		return false // none, or as many as an entry names: counted as held everywhere
+	if len(found) == 0 || len(found) >= maxCopies(len(v.eligible)) {
+		return false
 	}
 	bt := r.cfg.Prefix.BlockTokens
 	shared := found[0].Blocks * bt
@@ -828,15 +828,16 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 }
 
 // copyPlaces narrows cands for a prefix in demand to its holders and the targets
-// where its copies go: the prefix.TargetsPerEntry eligible targets its hash ranks
-// first (rendezvous). Every VM and gateway replica copies a prefix onto the same
+// where its copies go: the maxCopies eligible targets its hash ranks first
+// (rendezvous). Every VM and gateway replica copies a prefix onto the same
 // few targets, whatever load each of them sees, so their copies do not multiply.
 func (r *Router) copyPlaces(v *poolView, cands []int, pr *prompt) []int {
 	p := v.pool
 	key := pr.search.DeepestHash()
 	// The rendezvous scores of the eligible targets; the places are those with one
-	// of the prefix.TargetsPerEntry highest.
-	var top [prefix.TargetsPerEntry]uint64
+	// of the maxCopies highest.
+	var scores [prefix.TargetsPerEntry]uint64
+	top := scores[:maxCopies(len(v.eligible))]
 	for _, i := range v.eligible {
 		s := hashx.RendezvousScore(key, p.targets.Targets[i].ID)
 		for k := range top {
@@ -860,6 +861,18 @@ func (r *Router) copyPlaces(v *poolView, cands []int, pr *prompt) []int {
 	}
 	p.copyBuf = out
 	return out
+}
+
+// maxCopies is the most holders copies by demand give a prefix in a pool of n
+// eligible targets: as many as its index entry names, or one fewer in a pool more
+// than twice that size. A full entry counts the prefix as held on every target, and in
+// such a pool a burst's holders reach the fair-share cap (twice the mean share), so the
+// burst would then spread over the whole pool, each target computing the prefix.
+func maxCopies(n int) int {
+	if n > 2*prefix.TargetsPerEntry {
+		return prefix.TargetsPerEntry - 1
+	}
+	return prefix.TargetsPerEntry
 }
 
 // copyLoad is the share of its holders' time a prefix's demand takes before a copy
