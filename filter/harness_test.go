@@ -132,6 +132,21 @@ func (h *host) respond(id uint32, status int) {
 	h.CompleteHttpContext(id)
 }
 
+// stream sends the response headers an OpenAI-compatible server sends as it opens an
+// event stream, before the first token.
+func (h *host) stream(id uint32) {
+	h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
+}
+
+// firstChunk passes the stream's first event: the first token.
+func (h *host) firstChunk(id uint32) { h.CallOnResponseBody(id, []byte("data: {}\n\n"), false) }
+
+// endStream passes the stream's last event and ends the exchange.
+func (h *host) endStream(id uint32) {
+	h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
+	h.CompleteHttpContext(id)
+}
+
 // header returns the value of a request header as the upstream would see it, and
 // whether it is there.
 func (h *host) header(id uint32, name string) (string, bool) {

@@ -11,6 +11,34 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// computeOn sends body to rank, streams its first chunk ms later and ends it: the
+// rank now holds the prompt and has shown its prefill rate.
+func computeOn(t *testing.T, h *host, body, rank string, ms int) {
+	t.Helper()
+	id, _ := h.send(post("/v1/completions", completionBody(body), [2]string{"x-data-parallel-rank", rank}))
+	got, _ := h.header(id, "x-data-parallel-rank")
+	require.Equal(t, rank, got)
+	h.stream(id)
+	h.advance(ms)
+	h.firstChunk(id)
+	h.endStream(id)
+}
+
+// burst sends n requests on doc, gapMS apart, each with a prose of own characters of
+// its own and an x-request-id of prefix and its number, and leaves them in prefill.
+// It returns their streams and the ranks they went to.
+func burst(h *host, rng *rand.Rand, doc string, n, gapMS, own int, prefix string) (ids []uint32, ranks []string) {
+	for i := 0; i < n; i++ {
+		h.advance(gapMS)
+		id, _ := h.send(post("/v1/completions", completionBody(doc+prose(rng, own)),
+			[2]string{"x-request-id", fmt.Sprintf("%s-%d", prefix, i)}))
+		rank, _ := h.header(id, "x-data-parallel-rank")
+		h.stream(id)
+		ids, ranks = append(ids, id), append(ranks, rank)
+	}
+	return ids, ranks
+}
+
 // TestAPrefixIsCopiedWhenItsDemandOutrunsItsHolderInFilter: a document (8000 tokens)
 // is computed on rank 0 of four in 200 ms (40 tokens a ms). Then twelve requests on
 // the document, each with 1000 tokens of its own, are sent: 5 ms apart, left in
@@ -38,30 +66,17 @@ func TestAPrefixIsCopiedWhenItsDemandOutrunsItsHolderInFilter(t *testing.T) {
 				h := startHost(t, vm, cfg)
 				rng := rand.New(rand.NewSource(41))
 				doc := prose(rng, 32000)
-				// send sends body and returns its stream, rank and decision.
-				send := func(body string, headers ...[2]string) (id uint32, rank, decision string) {
-					id, action := h.send(post("/v1/completions", completionBody(body), headers...))
-					require.Equal(t, types.ActionContinue, action)
-					rank, _ = h.header(id, "x-data-parallel-rank")
-					decision, _ = h.header(id, "x-kvroute-decision")
-					h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
-					return id, rank, decision
-				}
-				answer := func(id uint32) {
-					h.CallOnResponseBody(id, []byte("data: {}\n\n"), false)
-					h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
-					h.CompleteHttpContext(id)
-				}
-				id, rank, _ := send(doc, [2]string{"x-data-parallel-rank", "0"})
-				require.Equal(t, "0", rank)
-				h.advance(tc.docMS)
-				answer(id)
+				computeOn(t, h, doc, "0", tc.docMS)
 				ranks := map[string]int{}
 				firstCopy := 0
 				var open []uint32
 				for i := 1; i <= 12; i++ {
 					h.advance(tc.gapMS)
-					id, rank, decision := send(doc + prose(rng, 4000))
+					id, action := h.send(post("/v1/completions", completionBody(doc+prose(rng, 4000))))
+					require.Equal(t, types.ActionContinue, action)
+					rank, _ := h.header(id, "x-data-parallel-rank")
+					decision, _ := h.header(id, "x-kvroute-decision")
+					h.stream(id)
 					ranks[rank]++
 					if rank != "0" && firstCopy == 0 {
 						firstCopy = i
@@ -71,13 +86,14 @@ func TestAPrefixIsCopiedWhenItsDemandOutrunsItsHolderInFilter(t *testing.T) {
 					}
 					if tc.answered {
 						h.advance(30)
-						answer(id)
+						h.firstChunk(id)
+						h.endStream(id)
 					} else {
 						open = append(open, id)
 					}
 				}
 				for _, id := range open {
-					answer(id)
+					h.endStream(id)
 				}
 				if !tc.copied {
 					assert.Equal(t, map[string]int{"0": 12}, ranks)
@@ -105,27 +121,15 @@ func TestEveryReplicaCopiesAPrefixOntoTheSameTargetsInFilter(t *testing.T) {
 		for _, firstRank := range []string{"0", "5", "2"} {
 			t.Run("first on rank "+firstRank, func(t *testing.T) {
 				h := startHost(t, vm, cfg)
-				id, _ := h.send(post("/v1/completions", completionBody(doc), [2]string{"x-data-parallel-rank", firstRank}))
-				h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
-				h.advance(200)
-				h.CallOnResponseBody(id, []byte("data: {}\n\n"), false)
-				h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
-				h.CompleteHttpContext(id)
-				var open []uint32
-				for i := 0; i < 16; i++ {
-					h.advance(5)
-					id, _ := h.send(post("/v1/completions", completionBody(doc+prose(rng, 4000)),
-						[2]string{"x-request-id", fmt.Sprintf("replica-%s-%d", firstRank, i)}))
-					rank, _ := h.header(id, "x-data-parallel-rank")
+				computeOn(t, h, doc, firstRank, 200)
+				ids, ranks := burst(h, rng, doc, 16, 5, 4000, "replica-"+firstRank)
+				for _, rank := range ranks {
 					if rank != firstRank {
 						copies[rank] = true
 					}
-					h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
-					open = append(open, id)
 				}
-				for _, id := range open {
-					h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
-					h.CompleteHttpContext(id)
+				for _, id := range ids {
+					h.endStream(id)
 				}
 			})
 		}
@@ -147,28 +151,16 @@ func TestCopiesByDemandStopBeforeTheEntryFillsInALargePoolInFilter(t *testing.T)
 				h := startHost(t, vm, cfg)
 				rng := rand.New(rand.NewSource(43))
 				doc := prose(rng, 32000)
-				id, _ := h.send(post("/v1/completions", completionBody(doc), [2]string{"x-data-parallel-rank", "0"}))
-				h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
-				h.advance(200)
-				h.CallOnResponseBody(id, []byte("data: {}\n\n"), false)
-				h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
-				h.CompleteHttpContext(id)
-				ranks := map[string]bool{}
-				var open []uint32
-				for i := 0; i < 40; i++ {
-					h.advance(2)
-					id, _ := h.send(post("/v1/completions", completionBody(doc+prose(rng, 4000)),
-						[2]string{"x-request-id", fmt.Sprintf("burst-%d", i)}))
-					rank, _ := h.header(id, "x-data-parallel-rank")
-					ranks[rank] = true
-					h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
-					open = append(open, id)
+				computeOn(t, h, doc, "0", 200)
+				ids, ranks := burst(h, rng, doc, 40, 2, 4000, "burst")
+				used := map[string]bool{}
+				for _, rank := range ranks {
+					used[rank] = true
 				}
-				for _, id := range open {
-					h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
-					h.CompleteHttpContext(id)
+				for _, id := range ids {
+					h.endStream(id)
 				}
-				assert.Len(t, ranks, tc.holders, "ranks used: %v", ranks)
+				assert.Len(t, used, tc.holders, "ranks used: %v", used)
 			})
 		})
 	}
