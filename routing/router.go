@@ -407,7 +407,9 @@ func (r *Router) loadOf(l Load) int64 {
 // targets where many short ones queue, so the short ones that follow there do not
 // wait behind them). The last term is the decode
 // load, which slows a prefill sharing the engine with it and holds the KV memory new
-// requests need. Ties go to fewer active tokens, then to a
+// requests need. While the request's prefix is in demand (copiesNeeded), a target
+// without it counts the prefix's tokens once instead of (6 + prefills(t)) times.
+// Ties go to fewer active tokens, then to a
 // shuffle seeded by the request identity, so every VM and replica picks alike.
 func (r *Router) cheapest(v *poolView, cands []int, req *extract.Request, matched []int) int {
 	return r.cheapestFrom(v, cands, req, matched, -1, 0, 0)
