@@ -749,7 +749,8 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 	// The deepest match alone decides a continuation (the longest match wins); the
 	// other targets' shorter matches are looked up only when there is none.
 	r.lookupDeepest(v, pr)
-	if r.copiesNeeded(v, req, pr) {
+	copying := r.copiesNeeded(v, req, pr)
+	if copying {
 		// No holder keeps it outright: each is weighed against a new copy.
 		r.lookup(v, pr)
 		cands = r.copyPlaces(v, cands, pr)
@@ -758,11 +759,17 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 			return i, KindContinuation
 		}
 		r.lookup(v, pr)
-		if i := r.continuation(v, req, pr, cands, true); i >= 0 {
+	}
+	h := r.continuation(v, req, pr, v.eligible, false)
+	// A shorter match keeps the request outright only when no target holds more: a
+	// deeper holder past the cap or with a longer queue is weighed below, with what
+	// its cache saves.
+	if !copying {
+		if i := r.continuation(v, req, pr, cands, true); i >= 0 && (h < 0 || pr.matched[i] >= pr.matched[h]) {
 			return i, KindContinuation
 		}
 	}
-	if h := r.continuation(v, req, pr, v.eligible, false); h >= 0 {
+	if h >= 0 {
 		extra := !contains(cands, h)
 		if extra {
 			cands = append(cands, h)

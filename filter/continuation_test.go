@@ -1,0 +1,55 @@
+package main
+
+import (
+	"math/rand"
+	"strconv"
+	"testing"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// openOn sends body to rank and leaves it in prefill, or with decoded, past its
+// first chunk and decoding.
+func openOn(t *testing.T, h *host, body, rank string, decoding bool) {
+	t.Helper()
+	id, _ := h.send(post("/v1/completions", completionBody(body), [2]string{"x-data-parallel-rank", rank}))
+	got, _ := h.header(id, "x-data-parallel-rank")
+	require.Equal(t, rank, got)
+	h.stream(id)
+	if decoding {
+		h.firstChunk(id)
+	}
+}
+
+// TestAHolderAtTheCapIsWeighedBeforeAShorterMatchInFilter: a 6000-token system prompt
+// and 1000 tokens of a conversation's history are on rank 0 of eight, the system
+// prompt alone on rank 1. Rank 0 has 4 requests decoding, every other rank 1: rank 0
+// is at the fair-share cap. The next turn's match on rank 1 is long enough for a
+// continuation, but rank 0 is weighed first and keeps it: one request over the cap
+// costs less than computing the history again.
+func TestAHolderAtTheCapIsWeighedBeforeAShorterMatchInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":8}]}}}`
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, cfg)
+		rng := rand.New(rand.NewSource(52))
+		system, history := prose(rng, 24000), prose(rng, 4000)
+		computeOn(t, h, system+history, "0", 100)
+		computeOn(t, h, system+prose(rng, 400), "1", 100)
+		for r := 0; r < 8; r++ {
+			n := 1
+			if r == 0 {
+				n = 4
+			}
+			for i := 0; i < n; i++ {
+				openOn(t, h, prose(rng, 8000), strconv.Itoa(r), true)
+			}
+		}
+		id, _ := h.send(post("/v1/completions", completionBody(system+history+prose(rng, 800))))
+		rank, _ := h.header(id, "x-data-parallel-rank")
+		decision, _ := h.header(id, "x-kvroute-decision")
+		assert.Equal(t, "0", rank)
+		assert.Equal(t, "continuation", decision)
+	})
+}
