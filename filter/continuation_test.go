@@ -23,6 +23,29 @@ func openOn(t *testing.T, h *host, body, rank string, decoding bool) {
 	}
 }
 
+// TestATurnEndingBetweenCheckpointsFindsItsHistoryInFilter: a shared prompt of 242
+// blocks and a conversation's first turn 9 blocks longer, on rank 0, end below the
+// same checkpoint of the index (240, the next is 256); another conversation on the
+// shared prompt is on rank 1, and rank 0 has a prompt in prefill. The second turn
+// still goes to rank 0: its history's last block is found between the checkpoints.
+func TestATurnEndingBetweenCheckpointsFindsItsHistoryInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":4}]}}}`
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, cfg)
+		rng := rand.New(rand.NewSource(51))
+		shared := prose(rng, 242*64+10)
+		first := shared + prose(rng, 9*64)
+		computeOn(t, h, first, "0", 100)
+		computeOn(t, h, shared+prose(rng, 2000), "1", 100)
+		openOn(t, h, prose(rng, 4000), "0", false)
+		id, _ := h.send(post("/v1/completions", completionBody(first+prose(rng, 2000))))
+		rank, _ := h.header(id, "x-data-parallel-rank")
+		decision, _ := h.header(id, "x-kvroute-decision")
+		assert.Equal(t, "0", rank)
+		assert.Equal(t, "continuation", decision)
+	})
+}
+
 // TestAHolderAtTheCapIsWeighedBeforeAShorterMatchInFilter: a 6000-token system prompt
 // and 1000 tokens of a conversation's history are on rank 0 of eight, the system
 // prompt alone on rank 1. Rank 0 has 4 requests decoding, every other rank 1: rank 0

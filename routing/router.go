@@ -22,9 +22,9 @@ type Router struct {
 
 	// localCursor is the VM-local round robin used when shared state fails.
 	localCursor uint64
-	// cpBuf is reused for each request's checkpoints (a Router serves one VM, one
-	// request at a time).
-	cpBuf []prefix.Checkpoint
+	// hashed is each request's prompt hashed for the prefix index, reused (a Router
+	// serves one VM, one request at a time).
+	hashed prefix.Prompt
 	// prompt is the decode pool's prefix view of the request being decided, reused.
 	prompt prompt
 }
@@ -509,6 +509,7 @@ func rendezvous(p *poolState, cands []int, key uint64) int {
 // prompt is the prefix view of one request: its checkpoints and matches.
 type prompt struct {
 	cps      []prefix.Checkpoint
+	hashed   *prefix.Prompt // what cps were hashed from; nil without them
 	blocks   int
 	matched  []int // matched blocks per target index of the pool; nil until looked up
 	search   *prefix.PrefixSearch
@@ -543,14 +544,16 @@ func (r *Router) DecideInto(d *Decision, req *extract.Request, rank int) {
 	if rank != NoRank && !r.rankExists(r.decode, rank) {
 		rank = NoRank
 	}
+	var hashed *prefix.Prompt
 	var cps []prefix.Checkpoint
 	blocks := 0
 	if r.cfg.Prefix.Enabled && req.BlockBytes > 0 {
-		r.cpBuf, blocks = prefix.HashCheckpoints(req.Model, req.Prompt, req.BlockBytes, r.cpBuf)
-		cps = r.cpBuf
+		hashed = &r.hashed
+		hashed.Hash(req.Model, req.Prompt, req.BlockBytes)
+		cps, blocks = hashed.Checkpoints, hashed.Blocks
 	}
 	pr := &r.prompt // a VM decides one request at a time
-	pr.cps, pr.blocks, pr.matched, pr.search, pr.complete = cps, blocks, nil, nil, false
+	pr.cps, pr.hashed, pr.blocks, pr.matched, pr.search, pr.complete = cps, hashed, blocks, nil, nil, false
 	kind, matched, failed, err := r.choose(r.decode, req, pr, rank, nowMS, &d.Target, &d.Ticket)
 	if err != nil {
 		*d = r.fallback(r.decode, req, rank)
@@ -564,7 +567,7 @@ func (r *Router) DecideInto(d *Decision, req *extract.Request, rank int) {
 	if len(r.prefill.targets.Targets) == 0 || !r.disaggregate(req, d) {
 		return
 	}
-	_, matched, failed, err = r.choose(r.prefill, req, &prompt{cps: cps, blocks: blocks}, NoRank, nowMS,
+	_, matched, failed, err = r.choose(r.prefill, req, &prompt{cps: cps, hashed: hashed, blocks: blocks}, NoRank, nowMS,
 		&d.Prefill, &d.PrefillTicket)
 	if err != nil {
 		// No prefill state: still disaggregate, on a stateless choice.
@@ -700,7 +703,7 @@ func (r *Router) lookupDeepest(v *poolView, pr *prompt) {
 		return
 	}
 	p := v.pool
-	pr.search = p.index.StartMatchLive(pr.cps, p.known, p.clockOf)
+	pr.search = p.index.StartPromptMatch(pr.hashed, p.known, p.clockOf)
 	pr.search.Next()
 	r.fillMatched(p, pr)
 	pr.complete = pr.search.Done()
@@ -799,12 +802,12 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 	if pr.search == nil || v.rate <= 0 {
 		return false
 	}
-	found := pr.search.Found() // the deepest match's holders, all at one depth
+	found := pr.search.Found() // the holders of the deepest checkpoint matched, or more
 	if len(found) == 0 || len(found) >= maxCopies(len(v.eligible)) {
 		return false
 	}
 	bt := r.cfg.Prefix.BlockTokens
-	shared := found[0].Blocks * bt
+	shared := pr.search.DeepestBlocks() * bt
 	own := req.Tokens - shared
 	if own <= 0 {
 		return false

@@ -2,29 +2,43 @@ package prefix
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/state"
 )
 
 // FuzzPrefixIndex splits the input into up to eight prompts (at 0xFF bytes), hashes
-// each in blocks of 1–16 bytes, records them on four targets and checks the index
-// against the exact longest common prefixes: never above, never below 7/8, and a
-// prompt just recorded matches in full. It also checks the checkpoint list itself.
+// each in blocks of 1–16 bytes (or of 32–128 when bs is 128 or more, where a lookup
+// also hashes the blocks between checkpoints), records them on four targets and checks
+// the index against the exact longest common prefixes: never above, never below 7/8,
+// and a prompt just recorded matches in full. It also checks the checkpoint list
+// itself.
 func FuzzPrefixIndex(f *testing.F) {
 	f.Add([]byte("hello world\xffhello there\xffhello world, again"), uint8(3))
 	f.Add(bytes.Repeat([]byte("abcdefgh"), 100), uint8(8))
 	f.Add([]byte("\xff\xff\xffx"), uint8(1))
 	f.Add(append(bytes.Repeat([]byte("a"), 500), append([]byte{0xff}, bytes.Repeat([]byte("a"), 700)...)...), uint8(16))
+	// A prompt that ends between two checkpoints (34 blocks of 32 bytes), then one
+	// that continues it.
+	f.Add(append(bytes.Repeat([]byte("a"), 1100), append([]byte{0xff}, bytes.Repeat([]byte("a"), 1500)...)...), uint8(128))
 	f.Fuzz(func(t *testing.T, data []byte, bs uint8) {
 		blockBytes := int(bs%16) + 1
+		if bs >= 128 {
+			blockBytes = 32 * (int(bs%4) + 1)
+		}
 		prompts := bytes.SplitN(data, []byte{0xff}, 8)
 		x := NewPrefixIndex(state.NewMemoryStore(), "ns", "decode", 1<<14, 8)
 		all := func(uint32) bool { return true }
 		var recorded [][]byte
 		var targets []uint32
+		var hashed Prompt
 		for i, p := range prompts {
 			cps, n := HashCheckpoints("m", p, blockBytes, nil)
+			hashed.Hash("m", p, blockBytes)
+			if !slices.Equal(cps, hashed.Checkpoints) || hashed.Blocks != n {
+				t.Fatalf("a Prompt's checkpoints %v, HashCheckpoints' %v", hashed.Checkpoints, cps)
+			}
 			if n != len(p)/blockBytes {
 				t.Fatalf("blocks %d, want %d", n, len(p)/blockBytes)
 			}
@@ -45,7 +59,10 @@ func FuzzPrefixIndex(f *testing.F) {
 				}
 				want[targets[k]] = max(want[targets[k]], l/blockBytes)
 			}
-			for _, m := range x.Match(cps, all) {
+			search := x.StartPromptMatch(&hashed, all, nil)
+			for search.Next() {
+			}
+			for _, m := range search.Found() {
 				w := want[m.Target]
 				if m.Blocks > w {
 					t.Fatalf("prompt %d: target %d matched %d blocks, exact %d", i, m.Target, m.Blocks, w)

@@ -13,6 +13,9 @@ import (
 type Checkpoint struct {
 	Pos  int // blocks covered, 1-based
 	Hash uint64
+	// acc is the chain's accumulators after Pos blocks, from which a lookup hashes the
+	// blocks after it (Prompt); zero unless a block is a whole number of stripes.
+	acc [4]uint64
 }
 
 // isCheckpoint reports whether block count k is on the checkpoint grid: every k up to
@@ -68,6 +71,25 @@ func HashCheckpoints(model string, prompt []byte, blockBytes int, dst []Checkpoi
 	}
 }
 
+// Prompt is a prompt hashed as the index's chain: its checkpoints, each with the
+// chain's state there, and the text, from which a lookup hashes the blocks between
+// two checkpoints without hashing the prompt again (PrefixIndex.StartPromptMatch).
+type Prompt struct {
+	Checkpoints []Checkpoint // as HashCheckpoints gives them
+	Blocks      int          // full blocks
+	text        []byte
+	blockBytes  int // 0 when a block is not a whole number of stripes: no state kept
+}
+
+// Hash hashes text into p, reusing its checkpoints' buffer.
+func (p *Prompt) Hash(model string, text []byte, blockBytes int) {
+	p.Checkpoints, p.Blocks = HashCheckpoints(model, text, blockBytes, p.Checkpoints)
+	p.text, p.blockBytes = text, 0
+	if blockBytes > 0 && blockBytes%xxStripe == 0 {
+		p.blockBytes = blockBytes
+	}
+}
+
 // xxhash64's constants (github.com/cespare/xxhash, after Yann Collet's spec).
 const (
 	xxStripe        = 32
@@ -78,7 +100,8 @@ const (
 )
 
 // hashStripes is HashCheckpoints for blocks of a whole number of stripes: the same
-// values as xxhash.Digest seeded with seed, summed at each checkpoint.
+// values as xxhash.Digest seeded with seed, summed at each checkpoint, where it also
+// keeps the accumulators.
 //
 // In wasm a jump between basic blocks goes through the function's dispatcher and
 // moves every live local, so the loops are shaped for few jumps and few live values:
@@ -113,6 +136,9 @@ func hashStripes(seed uint64, prompt []byte, blockBytes, n int, dst []Checkpoint
 				break
 			}
 		}
+		// Stored beside the hash, these cost the loop no value kept live.
+		dst[i].acc = [4]uint64{v1, v2, v3, v4}
+		// xxSum written out: a call a checkpoint costs more in wasm than its sum.
 		h := bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
 		h = xxMerge(h, v1)
 		h = xxMerge(h, v2)
@@ -127,6 +153,59 @@ func hashStripes(seed uint64, prompt []byte, blockBytes, n int, dst []Checkpoint
 		dst[i].Hash = h
 	}
 	return dst
+}
+
+// xxSum is xxhash64's digest of a whole number of stripes, length bytes, from its
+// accumulators.
+func xxSum(v1, v2, v3, v4 uint64, length int) uint64 {
+	h := bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
+	h = xxMerge(h, v1)
+	h = xxMerge(h, v2)
+	h = xxMerge(h, v3)
+	h = xxMerge(h, v4)
+	h += uint64(length)
+	h ^= h >> 33
+	h *= xxPrime2
+	h ^= h >> 29
+	h *= xxPrime3
+	h ^= h >> 32
+	return h
+}
+
+// chainCursor hashes a prompt's chain on from a checkpoint, one block at a time.
+type chainCursor struct {
+	v1, v2, v3, v4 uint64
+	text           []byte
+	pos            int // bytes hashed
+	blockBytes     int
+}
+
+// resume starts c after p's checkpoint i; false when p kept no state to resume from.
+func (c *chainCursor) resume(p *Prompt, i int) bool {
+	if p.blockBytes == 0 {
+		return false
+	}
+	cp := &p.Checkpoints[i]
+	c.v1, c.v2, c.v3, c.v4 = cp.acc[0], cp.acc[1], cp.acc[2], cp.acc[3]
+	c.text, c.pos, c.blockBytes = p.text, cp.Pos*p.blockBytes, p.blockBytes
+	return true
+}
+
+// next hashes one more block and returns the chain's hash through it.
+func (c *chainCursor) next() uint64 {
+	// In locals: in wasm every field access is a load or a store.
+	v1, v2, v3, v4, p := c.v1, c.v2, c.v3, c.v4, c.pos
+	b := c.text[p : p+c.blockBytes]
+	for i := 0; i < len(b); i += xxStripe {
+		w := b[i : i+xxStripe : i+xxStripe]
+		v1 = xxRound(v1, binary.LittleEndian.Uint64(w[0:8]))
+		v2 = xxRound(v2, binary.LittleEndian.Uint64(w[8:16]))
+		v3 = xxRound(v3, binary.LittleEndian.Uint64(w[16:24]))
+		v4 = xxRound(v4, binary.LittleEndian.Uint64(w[24:32]))
+	}
+	p += len(b)
+	c.v1, c.v2, c.v3, c.v4, c.pos = v1, v2, v3, v4, p
+	return xxSum(v1, v2, v3, v4, p)
 }
 
 // checkpointGrid is every grid point in order, up to 2^40 blocks (16 up to 16, then 8

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -44,6 +45,9 @@ func TestHashStripesMatchesXXHashDigestAtEveryLength(t *testing.T) {
 				if isCheckpoint(k) || k == n {
 					want = append(want, Checkpoint{Pos: k, Hash: d.Sum64()})
 				}
+			}
+			for i := range got {
+				got[i].acc = [4]uint64{} // the state behind the hash, checked by resuming
 			}
 			require.Equal(t, want, got, "block %d B, %d bytes", blockBytes, l)
 		}
@@ -86,4 +90,34 @@ func TestCheckpointGridIsEveryGridPoint(t *testing.T) {
 		require.True(t, i == 0 || k > checkpointGrid[i-1], k)
 	}
 	require.Equal(t, 1<<40, checkpointGrid[len(checkpointGrid)-1])
+}
+
+// Resumed after any checkpoint, the chain gives the hash of every block up to the
+// next one exactly as hashing the prompt up to that block does.
+func TestAPromptResumesItsChainBetweenCheckpoints(t *testing.T) {
+	rng := rand.New(rand.NewSource(5))
+	for _, blockBytes := range []int{32, 64, 128} {
+		text := make([]byte, 300*blockBytes+7)
+		rng.Read(text)
+		var p Prompt
+		p.Hash("m", text, blockBytes)
+		want, n := HashCheckpoints("m", text, blockBytes, nil)
+		require.Equal(t, want, p.Checkpoints)
+		require.Equal(t, n, p.Blocks)
+		for i := 0; i+1 < len(p.Checkpoints); i++ {
+			var c chainCursor
+			require.True(t, c.resume(&p, i))
+			for b := p.Checkpoints[i].Pos + 1; b <= p.Checkpoints[i+1].Pos; b++ {
+				d := xxhash.NewWithSeed(xxhash.Sum64String("m"))
+				_, _ = d.Write(text[:b*blockBytes])
+				require.Equal(t, d.Sum64(), c.next(), "block %d B, block %d", blockBytes, b)
+			}
+		}
+	}
+	// Blocks that are not whole stripes keep no state: nothing to resume.
+	var p Prompt
+	p.Hash("m", make([]byte, 400), 8)
+	require.NotEmpty(t, p.Checkpoints)
+	var c chainCursor
+	assert.False(t, c.resume(&p, 0))
 }

@@ -20,7 +20,8 @@ import (
 // few more rounds find targets that hold shorter prefixes. Because checkpoints are
 // chain hashes, a reported match is never longer than the true longest common prefix
 // with a recorded prompt; because the grid has 8 points per octave, it is never
-// shorter than 7/8 of it.
+// shorter than 7/8 of it. A lookup on a hashed Prompt (StartPromptMatch) also finds a
+// recorded prompt's last block between two checkpoints: a previous turn, whole.
 //
 // Where it lives. Reading shared data costs a host call and a copy, and a prompt has
 // dozens of checkpoints, so each VM keeps its own table and the VMs share what they
@@ -79,8 +80,22 @@ func (x *PrefixIndex) StartMatchLive(cps []Checkpoint, known func(uint32) bool, 
 	// Field by field: in wasm a struct literal is zeroed and copied by host calls.
 	// ids, state and now need no reset: only their first nids count.
 	m := &x.search
-	m.x, m.cps, m.known, m.hi, m.rounds, m.found, m.deepest = x, cps, known, len(cps), 0, m.found[:0], nil
+	m.x, m.cps, m.known, m.hi, m.rounds, m.found, m.deepest, m.deepestPos = x, cps, known, len(cps), 0, m.found[:0], nil, 0
 	m.nids, m.clockOf, m.lastNow, m.lastCap, m.lastID, m.lastState = 0, clockOf, 0, 0, 0, 0
+	m.prompt, m.end, m.endPos = nil, nil, 0
+	return m
+}
+
+// StartPromptMatch is StartMatchLive on a hashed prompt, whose first round also finds
+// a recorded prompt that ended between two of its checkpoints: a conversation's
+// previous turn. The grid alone would match such a turn only up to the checkpoint
+// below its end, which up to an eighth of the turn short of it may be a prefix many
+// others share (a system prompt); so the first round hashes each block between the
+// deepest checkpoint matched and the next one and looks it up as a record's last
+// block.
+func (x *PrefixIndex) StartPromptMatch(p *Prompt, known func(uint32) bool, clockOf func(uint32) (uint32, uint32)) *PrefixSearch {
+	m := x.StartMatchLive(p.Checkpoints, known, clockOf)
+	m.prompt = p
 	return m
 }
 
@@ -88,12 +103,17 @@ func (x *PrefixIndex) StartMatchLive(cps []Checkpoint, known func(uint32) bool, 
 type PrefixSearch struct {
 	x      *PrefixIndex
 	cps    []Checkpoint
+	prompt *Prompt      // the prompt of cps, to hash blocks between them; nil: the grid alone
+	end    *prefixEntry // the first round's match between checkpoints (endBetween), nil if none
+	endPos int          // and its blocks
 	known  func(uint32) bool
 	hi     int // search checkpoints [0, hi)
 	rounds int
 	found  []PrefixMatch
-	// deepest is the entry of the deepest match (the first round's), nil if none.
-	deepest *prefixEntry
+	// deepest is the entry of the deepest checkpoint matched (the first round's), nil
+	// if none, and deepestPos its blocks.
+	deepest    *prefixEntry
+	deepestPos int
 	// known and "found already" are asked of the same few ids at every probe: their
 	// answers are kept here rather than asked through a closure each time (costly in
 	// wasm). state: 1 known, 2 known and found, -1 unknown.
@@ -116,11 +136,14 @@ type PrefixSearch struct {
 // Found is every match found so far, deepest first.
 func (m *PrefixSearch) Found() []PrefixMatch { return m.found }
 
-// Demand counts this request, with own blocks of its own beyond its deepest match, on
-// that match's prefix at nowMS. It returns the blocks of their own that the other
-// requests whose deepest match that prefix was brought in the last one to two
-// seconds (not counting the first of them, which starts the clock), and the time since
-// that first one in ms; 0, 0 without a match. The count is this VM's own.
+// Demand counts this request, with own blocks of its own beyond its deepest checkpoint
+// matched, on that checkpoint's prefix at nowMS. It returns the blocks of their own
+// that the other requests whose deepest checkpoint matched that was brought in the
+// last one to two seconds (not counting the first of them, which starts the clock),
+// and the time since that first one in ms; 0, 0 without a match. The count is this
+// VM's own. A record found between checkpoints (StartPromptMatch) does not move it:
+// the turns of conversations that share a prompt count toward that prompt's demand
+// until their history passes a checkpoint, as the load they bring to its holders.
 func (m *PrefixSearch) Demand(nowMS int64, own int) (blocks int, spanMS int64) {
 	if m.deepest == nil {
 		return 0, 0
@@ -128,7 +151,11 @@ func (m *PrefixSearch) Demand(nowMS int64, own int) (blocks int, spanMS int64) {
 	return m.deepest.warm(nowMS, own)
 }
 
-// DeepestHash is the hash of the deepest match's prefix (0 without a match): the
+// DeepestBlocks is the blocks of the deepest checkpoint matched, the prefix Demand
+// counts on (0 without a match).
+func (m *PrefixSearch) DeepestBlocks() int { return m.deepestPos }
+
+// DeepestHash is the hash of the deepest checkpoint matched (0 without a match): the
 // same for every request that shares that prefix, on every VM and replica.
 func (m *PrefixSearch) DeepestHash() uint64 {
 	if m.deepest == nil {
@@ -203,17 +230,13 @@ func (m *PrefixSearch) markFound(t uint32) {
 // recent holders. Without it every request sharing such a prefix would go to the
 // few named holders, and each would keep them named. 0 if none.
 func (m *PrefixSearch) CommonDepth() int {
+	if m.end != nil && m.full(m.end) { // deeper than any checkpoint held
+		return m.endPos
+	}
 	lo, hi, top := 0, len(m.cps), -1
 	for lo < hi {
 		mid := (lo + hi) / 2
-		e := m.x.table.find(m.cps[mid].Hash)
-		n := 0
-		for s := 0; e != nil && s < prefixTargetsPerEntry; s++ {
-			if t := e.targets[s]; t != 0 && m.holder(t) && m.live(e, s) {
-				n++
-			}
-		}
-		if n == prefixTargetsPerEntry {
+		if m.full(m.x.table.find(m.cps[mid].Hash)) {
 			top, lo = mid, mid+1
 		} else {
 			hi = mid
@@ -223,6 +246,17 @@ func (m *PrefixSearch) CommonDepth() int {
 		return 0
 	}
 	return m.cps[top].Pos
+}
+
+// full reports whether e names as many live holders as an entry can.
+func (m *PrefixSearch) full(e *prefixEntry) bool {
+	n := 0
+	for s := 0; e != nil && s < prefixTargetsPerEntry; s++ {
+		if t := e.targets[s]; t != 0 && m.holder(t) && m.live(e, s) {
+			n++
+		}
+	}
+	return n == prefixTargetsPerEntry
 }
 
 // Next runs one more binary search: the deepest checkpoint below the last one found
@@ -255,16 +289,48 @@ func (m *PrefixSearch) Next() bool {
 		return false
 	}
 	if m.rounds == 1 {
-		m.deepest = topEntry
+		m.deepest, m.deepestPos = topEntry, m.cps[top].Pos
+		if pos, e := m.endBetween(top); e != nil {
+			m.end, m.endPos = e, pos
+			m.take(e, pos)
+		}
 	}
-	for s, t := range topEntry.targets {
-		if t != 0 && m.fresh(t) && m.live(topEntry, s) {
-			m.found = append(m.found, PrefixMatch{Target: t, Blocks: m.cps[top].Pos, Clock: topEntry.clocks[s]})
+	m.take(topEntry, m.cps[top].Pos)
+	m.hi = top // targets not found yet hold less: look below
+	return true
+}
+
+// take adds the targets of e not found yet, holding pos blocks.
+func (m *PrefixSearch) take(e *prefixEntry, pos int) {
+	for s, t := range e.targets {
+		if t != 0 && m.fresh(t) && m.live(e, s) {
+			m.found = append(m.found, PrefixMatch{Target: t, Blocks: pos, Clock: e.clocks[s]})
 			m.markFound(t)
 		}
 	}
-	m.hi = top // targets not found yet hold less: look below
-	return true
+}
+
+// endBetween returns the deepest block between checkpoint top and the next one whose
+// hash the index holds (a recorded prompt's last block) with a live target, and its
+// entry; nil when there is none or no prompt to hash.
+func (m *PrefixSearch) endBetween(top int) (pos int, found *prefixEntry) {
+	if m.prompt == nil || top+1 >= len(m.cps) || m.cps[top+1].Pos == m.cps[top].Pos+1 {
+		return 0, nil
+	}
+	var c chainCursor
+	if !c.resume(m.prompt, top) {
+		return 0, nil
+	}
+	for b := m.cps[top].Pos + 1; b < m.cps[top+1].Pos; b++ {
+		e := m.x.table.find(c.next())
+		for s := 0; e != nil && s < prefixTargetsPerEntry; s++ {
+			if t := e.targets[s]; t != 0 && m.fresh(t) && m.live(e, s) {
+				pos, found = b, e
+				break
+			}
+		}
+	}
+	return pos, found
 }
 
 // live reports whether slot s of e is a copy the target still holds (fresh must have

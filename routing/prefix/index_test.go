@@ -390,3 +390,64 @@ func TestNextCheckpointWalksTheGrid(t *testing.T) {
 	}
 	assert.Equal(t, 16+8*12, n)
 }
+
+// A conversation's turn is matched on the target that served its previous turn at
+// that turn's every full block, wherever it ended between two checkpoints, and
+// never above the exact match; the grid alone matches it up to an eighth short.
+// Its demand is still counted on the deepest checkpoint matched: while a turn's
+// history ends within a checkpoint step of a shared prompt, its requests count toward
+// that prompt's demand.
+func TestAPromptMatchFindsThePreviousTurnBetweenCheckpoints(t *testing.T) {
+	const blockBytes = 32
+	rng := rand.New(rand.NewSource(7))
+	known := func(t uint32) bool { return t >= 1 && t <= 4 }
+	x := NewPrefixIndex(state.NewMemoryStore(), "ns", "decode", 1<<20, 8)
+	exact := &exactIndex{}
+	system := randomText(rng, 3000)
+	type conv struct {
+		text   []byte
+		target uint32
+	}
+	var convs []conv
+	short, exactly := 0, 0
+	var p Prompt
+	for i := 0; i < 400; i++ {
+		var c *conv
+		if len(convs) < 4 || rng.Intn(3) == 0 {
+			convs = append(convs, conv{text: append(append([]byte(nil), system...), randomText(rng, 10+rng.Intn(400))...)})
+			c = &convs[len(convs)-1]
+		} else {
+			c = &convs[rng.Intn(len(convs))]
+			prev := len(c.text) / blockBytes
+			c.text = append(c.text, randomText(rng, 10+rng.Intn(400))...)
+			p.Hash("m", c.text, blockBytes)
+			g := x.StartMatch(p.Checkpoints, known)
+			g.Next()
+			gridDeepest := g.DeepestHash()
+			found := map[uint32]int{}
+			m := x.StartPromptMatch(&p, known, nil)
+			m.Next()
+			require.Equal(t, gridDeepest, m.DeepestHash(), "turn %d: demand counts on the deepest checkpoint", i)
+			for m.Next() {
+			}
+			for _, f := range m.Found() {
+				found[f.Target] = f.Blocks
+			}
+			want := exact.match(chainOf(c.text, blockBytes))
+			for tg, b := range found {
+				require.LessOrEqual(t, b, want[tg], "turn %d target %d: never above the exact match", i, tg)
+			}
+			require.GreaterOrEqual(t, found[c.target], prev, "turn %d: the previous turn's every block", i)
+			exactly++
+			if grid := x.Match(p.Checkpoints, known); grid[0].Blocks < prev {
+				short++
+			}
+		}
+		p.Hash("m", c.text, blockBytes)
+		c.target = uint32(1 + rng.Intn(4))
+		x.Record(p.Checkpoints, uint64(c.target), 0, 0)
+		exact.record(chainOf(c.text, blockBytes), c.target)
+	}
+	assert.Greater(t, exactly, 200)
+	assert.Greater(t, short, exactly/2, "the grid alone falls short of most previous turns")
+}
