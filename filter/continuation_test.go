@@ -7,21 +7,7 @@ import (
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
-
-// openOn sends body to rank and leaves it in prefill, or with decoded, past its
-// first chunk and decoding.
-func openOn(t *testing.T, h *host, body, rank string, decoding bool) {
-	t.Helper()
-	id, _ := h.send(post("/v1/completions", completionBody(body), [2]string{"x-data-parallel-rank", rank}))
-	got, _ := h.header(id, "x-data-parallel-rank")
-	require.Equal(t, rank, got)
-	h.stream(id)
-	if decoding {
-		h.firstChunk(id)
-	}
-}
 
 // TestATurnEndingBetweenCheckpointsFindsItsHistoryInFilter: a shared prompt of 242
 // blocks and a conversation's first turn 9 blocks longer, on rank 0, end below the

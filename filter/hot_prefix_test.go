@@ -11,14 +11,25 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// computeOn sends body to rank, streams its first chunk ms later and ends it: the
-// rank now holds the prompt and has shown its prefill rate.
-func computeOn(t *testing.T, h *host, body, rank string, ms int) {
+// openOn sends body to rank and leaves it in prefill, or with decoding, past its
+// first chunk and decoding; it returns the stream.
+func openOn(t *testing.T, h *host, body, rank string, decoding bool) uint32 {
 	t.Helper()
 	id, _ := h.send(post("/v1/completions", completionBody(body), [2]string{"x-data-parallel-rank", rank}))
 	got, _ := h.header(id, "x-data-parallel-rank")
 	require.Equal(t, rank, got)
 	h.stream(id)
+	if decoding {
+		h.firstChunk(id)
+	}
+	return id
+}
+
+// computeOn sends body to rank, streams its first chunk ms later and ends it: the
+// rank now holds the prompt and has shown its prefill rate.
+func computeOn(t *testing.T, h *host, body, rank string, ms int) {
+	t.Helper()
+	id := openOn(t, h, body, rank, false)
 	h.advance(ms)
 	h.firstChunk(id)
 	h.endStream(id)
