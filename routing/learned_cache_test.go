@@ -127,9 +127,9 @@ func TestAFirstChunkThatShowsACopyGoneTeachesTheCache(t *testing.T) {
 			next := r.Decide(textRequest(d+words(rng, 400), 3), NoRank)
 			require.Equal(t, KindContinuation, next.Kind)
 			require.Equal(t, x, next.Target.ID)
-			// D's copy whole (its 125 blocks, its last block found between the
-			// continuation's checkpoints), its age in whole blocks.
-			assert.Equal(t, int64(2000), next.Ticket.Cached)
+			// Both to the index's grid: D's copy as its deepest checkpoint (120 of its
+			// 125 blocks), its age in whole blocks.
+			assert.Equal(t, int64(1920), next.Ticket.Cached)
 			assert.InDelta(t, 5000, next.Ticket.CacheAge, 16)
 			clock.ms += c.took
 			require.NoError(t, r.FirstChunk(&next.Ticket))

@@ -46,7 +46,7 @@ func BenchmarkPrefixIndexRequest(b *testing.B) {
 				rng.Read(convs[i])
 			}
 			known := func(uint32) bool { return true }
-			var cps []Checkpoint
+			var hashed Prompt
 			var onRequest, onTick, ticks int
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -59,9 +59,11 @@ func BenchmarkPrefixIndexRequest(b *testing.B) {
 				rng.Read(turn)
 				convs[c] = append(convs[c], turn...)
 				before := cs.gets + cs.sets
-				cps, _ = HashCheckpoints("llama", convs[c], 64, cps)
-				_ = x.Match(cps, known)
-				x.Record(cps, uint64(1+c%8), 0, 0)
+				hashed.Hash("llama", convs[c], 64)
+				m := x.StartPromptMatch(&hashed, known, nil)
+				for m.Next() {
+				}
+				x.Record(hashed.Checkpoints, uint64(1+c%8), 0, 0)
 				onRequest += cs.gets + cs.sets - before
 				if i%100 == 99 {
 					before = cs.gets + cs.sets
@@ -75,6 +77,47 @@ func BenchmarkPrefixIndexRequest(b *testing.B) {
 			b.ReportMetric(float64(onRequest)/float64(b.N), "hostcalls/req")
 			if ticks > 0 {
 				b.ReportMetric(float64(onTick)/float64(ticks), "hostcalls/tick")
+			}
+		})
+	}
+}
+
+// BenchmarkQuestionOnADocument measures a lookup's worst case for the blocks between
+// checkpoints: questions on a document of 100 000 tokens that no request sent alone,
+// so every block between the document's last checkpoint and the next is hashed and
+// probed in vain. gridOnly is the lookup without those probes.
+func BenchmarkQuestionOnADocument(b *testing.B) {
+	for _, gridOnly := range []bool{false, true} {
+		name := "between"
+		if gridOnly {
+			name = "gridOnly"
+		}
+		b.Run(name, func(b *testing.B) {
+			rng := rand.New(rand.NewSource(3))
+			doc := make([]byte, 400_000)
+			rng.Read(doc)
+			x := NewPrefixIndex(state.NewMemoryStore(), "ns", "decode", 262144, 8)
+			known := func(uint32) bool { return true }
+			var hashed Prompt
+			questions := make([][]byte, 16)
+			for i := range questions {
+				questions[i] = append(append([]byte(nil), doc...), make([]byte, 2000)...)
+				rng.Read(questions[i][len(doc):])
+				hashed.Hash("llama", questions[i], 64)
+				x.Record(hashed.Checkpoints, uint64(1+i%8), 0, 0)
+			}
+			b.SetBytes(int64(len(questions[0])))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				hashed.Hash("llama", questions[i%len(questions)], 64)
+				var m *PrefixSearch
+				if gridOnly {
+					m = x.StartMatch(hashed.Checkpoints, known)
+				} else {
+					m = x.StartPromptMatch(&hashed, known, nil)
+				}
+				for m.Next() {
+				}
 			}
 		})
 	}

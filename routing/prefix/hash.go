@@ -155,57 +155,44 @@ func hashStripes(seed uint64, prompt []byte, blockBytes, n int, dst []Checkpoint
 	return dst
 }
 
-// xxSum is xxhash64's digest of a whole number of stripes, length bytes, from its
-// accumulators.
-func xxSum(v1, v2, v3, v4 uint64, length int) uint64 {
-	h := bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
-	h = xxMerge(h, v1)
-	h = xxMerge(h, v2)
-	h = xxMerge(h, v3)
-	h = xxMerge(h, v4)
-	h += uint64(length)
-	h ^= h >> 33
-	h *= xxPrime2
-	h ^= h >> 29
-	h *= xxPrime3
-	h ^= h >> 32
-	return h
-}
-
-// chainCursor hashes a prompt's chain on from a checkpoint, one block at a time.
-type chainCursor struct {
-	v1, v2, v3, v4 uint64
-	text           []byte
-	pos            int // bytes hashed
-	blockBytes     int
-}
-
-// resume starts c after p's checkpoint i; false when p kept no state to resume from.
-func (c *chainCursor) resume(p *Prompt, i int) bool {
-	if p.blockBytes == 0 {
-		return false
+// hashBetween appends to dst the chain's hash through each block after p's checkpoint
+// i and before checkpoint i+1, going on from the state kept at checkpoint i; it
+// returns dst unchanged when p kept no state.
+func hashBetween(p *Prompt, i int, dst []uint64) []uint64 {
+	if p.blockBytes == 0 || i+1 >= len(p.Checkpoints) {
+		return dst
 	}
 	cp := &p.Checkpoints[i]
-	c.v1, c.v2, c.v3, c.v4 = cp.acc[0], cp.acc[1], cp.acc[2], cp.acc[3]
-	c.text, c.pos, c.blockBytes = p.text, cp.Pos*p.blockBytes, p.blockBytes
-	return true
-}
-
-// next hashes one more block and returns the chain's hash through it.
-func (c *chainCursor) next() uint64 {
-	// In locals: in wasm every field access is a load or a store.
-	v1, v2, v3, v4, p := c.v1, c.v2, c.v3, c.v4, c.pos
-	b := c.text[p : p+c.blockBytes]
-	for i := 0; i < len(b); i += xxStripe {
-		w := b[i : i+xxStripe : i+xxStripe]
+	v1, v2, v3, v4 := cp.acc[0], cp.acc[1], cp.acc[2], cp.acc[3]
+	// As hashStripes: every block a whole number of stripes, the sum written out (a
+	// call a block costs more in wasm than the sum).
+	b := p.text[cp.Pos*p.blockBytes : (p.Checkpoints[i+1].Pos-1)*p.blockBytes]
+	at, next := 0, p.blockBytes
+	for at < len(b) {
+		w := b[at : at+xxStripe : at+xxStripe]
 		v1 = xxRound(v1, binary.LittleEndian.Uint64(w[0:8]))
 		v2 = xxRound(v2, binary.LittleEndian.Uint64(w[8:16]))
 		v3 = xxRound(v3, binary.LittleEndian.Uint64(w[16:24]))
 		v4 = xxRound(v4, binary.LittleEndian.Uint64(w[24:32]))
+		at += xxStripe
+		if at != next {
+			continue
+		}
+		next += p.blockBytes
+		h := bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
+		h = xxMerge(h, v1)
+		h = xxMerge(h, v2)
+		h = xxMerge(h, v3)
+		h = xxMerge(h, v4)
+		h += uint64(cp.Pos*p.blockBytes + at)
+		h ^= h >> 33
+		h *= xxPrime2
+		h ^= h >> 29
+		h *= xxPrime3
+		h ^= h >> 32
+		dst = append(dst, h)
 	}
-	p += len(b)
-	c.v1, c.v2, c.v3, c.v4, c.pos = v1, v2, v3, v4, p
-	return xxSum(v1, v2, v3, v4, p)
+	return dst
 }
 
 // checkpointGrid is every grid point in order, up to 2^40 blocks (16 up to 16, then 8

@@ -90,9 +90,9 @@ func (x *PrefixIndex) StartMatchLive(cps []Checkpoint, known func(uint32) bool, 
 // a recorded prompt that ended between two of its checkpoints: a conversation's
 // previous turn. The grid alone would match such a turn only up to the checkpoint
 // below its end, which up to an eighth of the turn short of it may be a prefix many
-// others share (a system prompt); so the first round hashes each block between the
-// deepest checkpoint matched and the next one and looks it up as a record's last
-// block.
+// others share (a system prompt); so when that checkpoint has two holders or more, the
+// first round hashes each block between it and the next checkpoint and looks each up
+// as a record's last block (endBetween).
 func (x *PrefixIndex) StartPromptMatch(p *Prompt, known func(uint32) bool, clockOf func(uint32) (uint32, uint32)) *PrefixSearch {
 	m := x.StartMatchLive(p.Checkpoints, known, clockOf)
 	m.prompt = p
@@ -106,6 +106,7 @@ type PrefixSearch struct {
 	prompt *Prompt      // the prompt of cps, to hash blocks between them; nil: the grid alone
 	end    *prefixEntry // the first round's match between checkpoints (endBetween), nil if none
 	endPos int          // and its blocks
+	gap    []uint64     // endBetween's hashes, reused
 	known  func(uint32) bool
 	hi     int // search checkpoints [0, hi)
 	rounds int
@@ -290,7 +291,7 @@ func (m *PrefixSearch) Next() bool {
 	}
 	if m.rounds == 1 {
 		m.deepest, m.deepestPos = topEntry, m.cps[top].Pos
-		if pos, e := m.endBetween(top); e != nil {
+		if pos, e := m.endBetween(top, topEntry); e != nil {
 			m.end, m.endPos = e, pos
 			m.take(e, pos)
 		}
@@ -310,27 +311,39 @@ func (m *PrefixSearch) take(e *prefixEntry, pos int) {
 	}
 }
 
-// endBetween returns the deepest block between checkpoint top and the next one whose
-// hash the index holds (a recorded prompt's last block) with a live target, and its
-// entry; nil when there is none or no prompt to hash.
-func (m *PrefixSearch) endBetween(top int) (pos int, found *prefixEntry) {
+// endBetween returns the deepest block between checkpoint top, whose entry is e, and
+// the next one whose hash the index holds (a recorded prompt's last block) with a live
+// target, and its entry; nil when there is none or no prompt to hash. It looks only
+// when e names two live holders or more: a prompt that ended past top went through
+// top on the same target, so with one holder the probes could only find that holder
+// deeper, and the choice between targets would not change.
+func (m *PrefixSearch) endBetween(top int, e *prefixEntry) (pos int, found *prefixEntry) {
 	if m.prompt == nil || top+1 >= len(m.cps) || m.cps[top+1].Pos == m.cps[top].Pos+1 {
 		return 0, nil
 	}
-	var c chainCursor
-	if !c.resume(m.prompt, top) {
+	holders := 0
+	for s, t := range e.targets {
+		if t != 0 && m.fresh(t) && m.live(e, s) {
+			holders++
+		}
+	}
+	if holders < 2 {
 		return 0, nil
 	}
-	for b := m.cps[top].Pos + 1; b < m.cps[top+1].Pos; b++ {
-		e := m.x.table.find(c.next())
+	// The blocks' hashes first, then the probes from the deepest down: a previous
+	// turn usually ends near this one's end, and a probe (a table row far from any
+	// other) costs more than a hash.
+	m.gap = hashBetween(m.prompt, top, m.gap[:0])
+	first := m.cps[top].Pos + 1
+	for k := len(m.gap) - 1; k >= 0; k-- {
+		e := m.x.table.find(m.gap[k])
 		for s := 0; e != nil && s < prefixTargetsPerEntry; s++ {
 			if t := e.targets[s]; t != 0 && m.fresh(t) && m.live(e, s) {
-				pos, found = b, e
-				break
+				return first + k, e
 			}
 		}
 	}
-	return pos, found
+	return 0, nil
 }
 
 // live reports whether slot s of e is a copy the target still holds (fresh must have
