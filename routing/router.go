@@ -508,10 +508,8 @@ func rendezvous(p *poolState, cands []int, key uint64) int {
 
 // prompt is the prefix view of one request: its checkpoints and matches.
 type prompt struct {
-	cps      []prefix.Checkpoint
-	hashed   *prefix.Prompt // what cps were hashed from; nil without them
-	blocks   int
-	matched  []int // matched blocks per target index of the pool; nil until looked up
+	hashed   *prefix.Prompt // its checkpoints (none without prefix matching) and blocks
+	matched  []int          // matched blocks per target index of the pool; nil until looked up
 	search   *prefix.PrefixSearch
 	complete bool // matched has every target's match, not only the deepest
 }
@@ -544,16 +542,13 @@ func (r *Router) DecideInto(d *Decision, req *extract.Request, rank int) {
 	if rank != NoRank && !r.rankExists(r.decode, rank) {
 		rank = NoRank
 	}
-	var hashed *prefix.Prompt
-	var cps []prefix.Checkpoint
-	blocks := 0
-	if r.cfg.Prefix.Enabled && req.BlockBytes > 0 {
-		hashed = &r.hashed
-		hashed.Hash(req.Model, req.Prompt, req.BlockBytes)
-		cps, blocks = hashed.Checkpoints, hashed.Blocks
+	blockBytes := req.BlockBytes
+	if !r.cfg.Prefix.Enabled {
+		blockBytes = 0 // no checkpoints
 	}
+	r.hashed.Hash(req.Model, req.Prompt, blockBytes)
 	pr := &r.prompt // a VM decides one request at a time
-	pr.cps, pr.hashed, pr.blocks, pr.matched, pr.search, pr.complete = cps, hashed, blocks, nil, nil, false
+	pr.hashed, pr.matched, pr.search, pr.complete = &r.hashed, nil, nil, false
 	kind, matched, failed, err := r.choose(r.decode, req, pr, rank, nowMS, &d.Target, &d.Ticket)
 	if err != nil {
 		*d = r.fallback(r.decode, req, rank)
@@ -567,7 +562,7 @@ func (r *Router) DecideInto(d *Decision, req *extract.Request, rank int) {
 	if len(r.prefill.targets.Targets) == 0 || !r.disaggregate(req, d) {
 		return
 	}
-	_, matched, failed, err = r.choose(r.prefill, req, &prompt{cps: cps, hashed: hashed, blocks: blocks}, NoRank, nowMS,
+	_, matched, failed, err = r.choose(r.prefill, req, &prompt{hashed: &r.hashed}, NoRank, nowMS,
 		&d.Prefill, &d.PrefillTicket)
 	if err != nil {
 		// No prefill state: still disaggregate, on a stateless choice.
@@ -618,7 +613,7 @@ func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int
 	id := target.ID
 	uncached := int64(req.Tokens)
 	age := int64(-1)
-	if len(pr.cps) > 0 {
+	if len(pr.hashed.Checkpoints) > 0 {
 		matched = r.matchedOn(v, req, pr, choice)
 		uncached -= min(int64(matched), uncached)
 		bt := int64(max(1, r.cfg.Prefix.BlockTokens))
@@ -627,7 +622,7 @@ func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int
 		}
 		// Peers hear of a copy in use at least every eighth of the cache.
 		refresh := uint32(min(v.loads[choice].CacheOr(r.cfg.Prefix.TargetCacheTokens)/bt, 1<<30)) / 8
-		p.index.Record(pr.cps, id, uint32((v.loads[choice].Written+uncached)/bt), refresh)
+		p.index.Record(pr.hashed.Checkpoints, id, uint32((v.loads[choice].Written+uncached)/bt), refresh)
 	}
 	since := v.loads[choice].SinceAfterSend(nowMS)
 	err = p.ledger.acquireInto(ticket, id, int64(req.Tokens), uncached, since, nowMS)
@@ -679,7 +674,7 @@ func (r *Router) matchedOn(v *poolView, req *extract.Request, pr *prompt, choice
 
 // lookup fills pr.matched from the pool's prefix index: every target's match.
 func (r *Router) lookup(v *poolView, pr *prompt) {
-	if pr.complete || len(pr.cps) == 0 {
+	if pr.complete || len(pr.hashed.Checkpoints) == 0 {
 		return
 	}
 	if pr.search == nil {
@@ -699,7 +694,7 @@ func (r *Router) lookup(v *poolView, pr *prompt) {
 // lookupDeepest fills pr.matched with the deepest match only (every target that
 // holds it): enough to find a continuation, which the longest match wins.
 func (r *Router) lookupDeepest(v *poolView, pr *prompt) {
-	if pr.search != nil || len(pr.cps) == 0 {
+	if pr.search != nil || len(pr.hashed.Checkpoints) == 0 {
 		return
 	}
 	p := v.pool
@@ -939,10 +934,10 @@ func contains(xs []int, x int) bool {
 // With fitting, only holders whose queued prefill fits (queueFits) qualify.
 func (r *Router) continuation(v *poolView, req *extract.Request, pr *prompt, cands []int, fitting bool) int {
 	skip := r.cfg.Prefix.SkipBlocks
-	if pr.matched == nil || pr.blocks <= skip {
+	if pr.matched == nil || pr.hashed.Blocks <= skip {
 		return -1
 	}
-	need := r.cfg.Prefix.ContinuationThreshold * float64(pr.blocks-skip)
+	need := r.cfg.Prefix.ContinuationThreshold * float64(pr.hashed.Blocks-skip)
 	longest := 0
 	var qualified []int
 	for _, i := range cands {
@@ -972,7 +967,7 @@ func (r *Router) placeConversation(v *poolView, req *extract.Request, pr *prompt
 	}
 	if found {
 		if i := v.position(mapped); i >= 0 {
-			if !v.atCap(i) && (v.ahead[i] == 0 || len(pr.cps) == 0) {
+			if !v.atCap(i) && (v.ahead[i] == 0 || len(pr.hashed.Checkpoints) == 0) {
 				// Without a prompt to look up, nothing says the wait costs more
 				// than the history cached there.
 				return i, KindSticky, nil
@@ -980,7 +975,7 @@ func (r *Router) placeConversation(v *poolView, req *extract.Request, pr *prompt
 			// The cap is soft for a turn whose history can be looked up: at or
 			// over it, the target's wait is charged overCap, and the turn stays
 			// while that wait is no more than its cache there is worth.
-			if len(pr.cps) > 0 {
+			if len(pr.hashed.Checkpoints) > 0 {
 				r.lookup(v, pr)
 				if r.waitFits(v, req, pr, i, v.ahead[i]+v.overCap(i)) {
 					return i, KindSticky, nil
@@ -1035,7 +1030,7 @@ func (r *Router) scoredFrom(v *poolView, req *extract.Request, pr *prompt, home 
 		m = matched[home]
 	}
 	leave := 0.0
-	if len(pr.cps) > 0 {
+	if len(pr.hashed.Checkpoints) > 0 {
 		leave = ownWeight * float64(max(0, req.Tokens-m))
 	}
 	return r.cheapestFrom(v, cands, req, matched, home, 0, leave)

@@ -138,19 +138,10 @@ func hashStripes(seed uint64, prompt []byte, blockBytes, n int, dst []Checkpoint
 		}
 		// Stored beside the hash, these cost the loop no value kept live.
 		dst[i].acc = [4]uint64{v1, v2, v3, v4}
-		// xxSum written out: a call a checkpoint costs more in wasm than its sum.
+		// The digest written out: a call a checkpoint costs more in wasm than the sum.
 		h := bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
-		h = xxMerge(h, v1)
-		h = xxMerge(h, v2)
-		h = xxMerge(h, v3)
-		h = xxMerge(h, v4)
-		h += uint64(p)
-		h ^= h >> 33
-		h *= xxPrime2
-		h ^= h >> 29
-		h *= xxPrime3
-		h ^= h >> 32
-		dst[i].Hash = h
+		h = xxMerge(xxMerge(xxMerge(xxMerge(h, v1), v2), v3), v4)
+		dst[i].Hash = xxAvalanche(h + uint64(p))
 	}
 	return dst
 }
@@ -164,8 +155,7 @@ func hashBetween(p *Prompt, i int, dst []uint64) []uint64 {
 	}
 	cp := &p.Checkpoints[i]
 	v1, v2, v3, v4 := cp.acc[0], cp.acc[1], cp.acc[2], cp.acc[3]
-	// As hashStripes: every block a whole number of stripes, the sum written out (a
-	// call a block costs more in wasm than the sum).
+	// As hashStripes: every block a whole number of stripes, the digest written out.
 	b := p.text[cp.Pos*p.blockBytes : (p.Checkpoints[i+1].Pos-1)*p.blockBytes]
 	at, next := 0, p.blockBytes
 	for at < len(b) {
@@ -180,17 +170,8 @@ func hashBetween(p *Prompt, i int, dst []uint64) []uint64 {
 		}
 		next += p.blockBytes
 		h := bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
-		h = xxMerge(h, v1)
-		h = xxMerge(h, v2)
-		h = xxMerge(h, v3)
-		h = xxMerge(h, v4)
-		h += uint64(cp.Pos*p.blockBytes + at)
-		h ^= h >> 33
-		h *= xxPrime2
-		h ^= h >> 29
-		h *= xxPrime3
-		h ^= h >> 32
-		dst = append(dst, h)
+		h = xxMerge(xxMerge(xxMerge(xxMerge(h, v1), v2), v3), v4)
+		dst = append(dst, xxAvalanche(h+uint64(cp.Pos*p.blockBytes+at)))
 	}
 	return dst
 }
@@ -233,6 +214,15 @@ func xxRound(acc, input uint64) uint64 {
 	acc += input * xxPrime2
 	acc = bits.RotateLeft64(acc, 31)
 	return acc * xxPrime1
+}
+
+// xxAvalanche is the last step of xxhash64's digest.
+func xxAvalanche(h uint64) uint64 {
+	h ^= h >> 33
+	h *= xxPrime2
+	h ^= h >> 29
+	h *= xxPrime3
+	return h ^ h>>32
 }
 
 func xxMerge(acc, val uint64) uint64 {
