@@ -78,7 +78,9 @@ func TestAPrefillEstimatedOverNoLongerRepelsInFilter(t *testing.T) {
 				assert.Equal(t, home, dest, "the document's target computes the least")
 				h.CallOnResponseHeaders(a, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
 				if wait {
-					h.advance(2000) // at the rate of a0's prefill, 16000 tokens take 400 ms
+					// At the rate of a0's prefill, 16000 tokens take 400 ms; past
+					// twice that the target would count as stalled.
+					h.advance(600)
 				}
 				b, _ := h.send(post("/v1/completions", completionBody(doc+prose(rng, 16000))))
 				dest, _ = h.header(b, "x-gateway-destination-endpoint")

@@ -118,6 +118,56 @@ func TestAPrefixIsCopiedWhenItsDemandOutrunsItsHolderInFilter(t *testing.T) {
 	}
 }
 
+// TestAStalledHolderHasItsPrefixCopiedInFilter: a document (8000 tokens) is computed
+// on rank 0 of four in 200 ms (40 tokens a ms). Then a request on it comes every
+// second, with 1000 tokens of its own: too few to put the document in demand. Each
+// is answered 30 ms after it is sent and keeps decoding, so rank 0 runs past the
+// fair-share cap, which does not outweigh the document's cache there. Then one
+// request is not answered: a second later rank 0 has shown none of its prefill (its
+// running slots are full), and the next request copies the document to another
+// rank. With that request answered it stays on rank 0.
+func TestAStalledHolderHasItsPrefixCopiedInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":4}]}}}`
+	for _, stalled := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stalled=%v", stalled), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(43))
+				doc := prose(rng, 32000)
+				computeOn(t, h, doc, "0", 200)
+				var open []uint32
+				for i := 0; i < 13; i++ {
+					h.advance(1000)
+					id, _ := h.send(post("/v1/completions", completionBody(doc+prose(rng, 4000))))
+					rank, _ := h.header(id, "x-data-parallel-rank")
+					require.Equal(t, "0", rank, "request %d stays with the document", i)
+					h.stream(id)
+					if i < 12 || !stalled {
+						h.advance(30)
+						h.firstChunk(id)
+					}
+					open = append(open, id)
+				}
+				h.advance(1000)
+				id, _ := h.send(post("/v1/completions", completionBody(doc+prose(rng, 4000))))
+				rank, _ := h.header(id, "x-data-parallel-rank")
+				decision, _ := h.header(id, "x-kvroute-decision")
+				h.stream(id)
+				for _, id := range append(open, id) {
+					h.endStream(id)
+				}
+				if !stalled {
+					assert.Equal(t, "0", rank)
+					return
+				}
+				assert.NotEqual(t, "0", rank, "the document is copied off its stalled holder")
+				assert.Equal(t, "load", decision)
+			})
+		})
+	}
+}
+
 // TestEveryReplicaCopiesAPrefixOntoTheSameTargetsInFilter: three gateway replicas,
 // which share nothing, each see a burst on the same document over eight ranks (each
 // computed it first on a rank of its own). All copy it onto the four ranks the

@@ -68,6 +68,45 @@ func TestAPrefixIsCopiedWhenItsDemandOutrunsItsHolder(t *testing.T) {
 	}
 }
 
+func TestAStalledHolderHasItsPrefixCopied(t *testing.T) {
+	// Target X computes a 2000-token document in 200 ms (10 tokens a ms), then takes a
+	// request on it every second, each with 400 tokens of its own: far too few to put
+	// the document in demand. Each is answered 40 ms after it is sent and keeps
+	// decoding, so X runs past the fair-share cap, which does not outweigh the
+	// document's cache there. Then one request is not answered: a second later X has
+	// shown none of its 400 tokens' prefill (its running slots are full), and the next
+	// request copies the document elsewhere. With that request answered it stays on X.
+	for _, stalled := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stalled=%v", stalled), func(t *testing.T) {
+			rng := rand.New(rand.NewSource(33))
+			doc := words(rng, 8000)
+			clock := &fakeClock{ms: 1e6}
+			r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
+			first := r.Decide(textRequest(doc, 1), NoRank)
+			clock.ms += 200
+			require.NoError(t, r.FirstChunk(&first.Ticket))
+			x := first.Target.ID
+			for i := 0; i < 13; i++ {
+				clock.ms += 1000
+				d := r.Decide(textRequest(doc+words(rng, 1600), uint64(10+i)), NoRank)
+				require.Equal(t, x, d.Target.ID, "request %d stays with the document", i)
+				if i < 12 || !stalled {
+					clock.ms += 40
+					require.NoError(t, r.FirstChunk(&d.Ticket))
+				}
+			}
+			clock.ms += 1000
+			d := r.Decide(textRequest(doc+words(rng, 1600), 30), NoRank)
+			if !stalled {
+				assert.Equal(t, x, d.Target.ID)
+				return
+			}
+			assert.NotEqual(t, x, d.Target.ID, "the document is copied off its stalled holder")
+			assert.Equal(t, KindLoad, d.Kind)
+		})
+	}
+}
+
 func TestEveryReplicaCopiesAPrefixOntoTheSameTargets(t *testing.T) {
 	// Eight targets; two gateway replicas that share nothing each see a burst on the
 	// same document. Wherever each computed it first, both copy it onto the targets

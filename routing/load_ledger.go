@@ -167,6 +167,23 @@ func (l *Load) PrefillAhead(nowMS int64) int64 {
 	return l.prefillLeft(nowMS, l.RateTokens, l.RateMS)
 }
 
+// Stalled reports whether the target's queued prefill has been waiting more than
+// stallFactor times as long as its observed rate explains. An engine whose running
+// slots or KV memory are full starts no prefill until a decode ends: what it was sent
+// stays queued, and PrefillAhead, which counts it done at the rate, no longer shows
+// the wait.
+func (l *Load) Stalled(nowMS int64) bool {
+	if min(l.RateMS, l.RateTokens, l.Since, l.Prefill) <= 0 {
+		return false
+	}
+	return float64(nowMS-l.Since)*float64(l.RateTokens) > stallFactor*float64(l.Prefill)*float64(l.RateMS)
+}
+
+// stallFactor is how many times its expected time a queued prefill may take before
+// its target counts as stalled: a rate is an average over prompts, and one prompt's
+// prefill may well take somewhat longer than it says.
+const stallFactor = 2
+
 // PrefillAheadAt is PrefillAhead at a rate of rateTokens in rateMS instead of the
 // target's own.
 func (l *Load) PrefillAheadAt(nowMS, rateTokens, rateMS int64) int64 {

@@ -54,6 +54,21 @@ func targetLoad(t *testing.T, l *LoadLedger, id uint64, now int64) Load {
 	return out[0]
 }
 
+func TestAQueueOverdueTwiceItsTimeIsStalled(t *testing.T) {
+	// 6000 tokens queued since 1000 ms at 12 a ms: due at 1500, stalled past 2000.
+	l := Load{Prefill: 6000, Since: 1000, RateTokens: 12000, RateMS: 1000}
+	assert.False(t, l.Stalled(1500), "due")
+	assert.False(t, l.Stalled(2000), "twice its time")
+	assert.True(t, l.Stalled(2001), "more than twice its time")
+	for name, no := range map[string]Load{
+		"nothing queued": {Since: 1000, RateTokens: 12000, RateMS: 1000},
+		"no rate seen":   {Prefill: 6000, Since: 1000},
+		"never ahead":    {Prefill: 6000, RateTokens: 12000, RateMS: 1000},
+	} {
+		assert.False(t, no.Stalled(1e6), name)
+	}
+}
+
 func TestFirstChunksTeachATargetsPrefillRate(t *testing.T) {
 	const id = 77
 	l := NewLoadLedger(state.NewMemoryStore(), "kvroute", "decode", 600_000, 8)

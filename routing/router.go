@@ -790,7 +790,8 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 
 // copiesNeeded reports whether the prefix of the request's deepest match is in
 // demand: the tokens of their own that the prefix's other requests brought lately
-// (Demand), at that pace, take more than copyLoad of its holders' time. Then
+// (Demand), at that pace, take more than copyLoad of its holders' time, or every
+// holder has stalled (holdersStalled). Then
 // v.copyTokens is set to the prefix's tokens, which a target without them weighs as
 // its user's wait alone, and the cost decides whether this request makes a copy.
 func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) bool {
@@ -827,10 +828,23 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 		return false
 	}
 	perMS := float64(demand*bt) / float64(max(span, minDemandSpanMS))
-	if perMS/rate <= copyLoad*float64(len(found)) {
+	if perMS/rate <= copyLoad*float64(len(found)) && !holdersStalled(v, found) {
 		return false
 	}
 	v.copyTokens = shared
+	return true
+}
+
+// holdersStalled reports whether every holder of the prefix has stalled
+// (Load.Stalled): its requests then wait there for running slots, however little
+// prefill they bring, and a copy elsewhere is weighed as for a prefix in demand.
+func holdersStalled(v *poolView, found []prefix.PrefixMatch) bool {
+	for _, m := range found {
+		i := v.pool.byID32.get(uint64(m.Target))
+		if i < 0 || !v.loads[i].Stalled(v.nowMS) {
+			return false
+		}
+	}
 	return true
 }
 
