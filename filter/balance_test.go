@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/binary"
 	"fmt"
+	"math/rand"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/shareddata"
@@ -365,4 +366,71 @@ func TestDecisionTimeIsSampled(t *testing.T) {
 		}
 	}
 	assert.Equal(t, []int{1, 1 + decisionTimeEvery, 1 + 2*decisionTimeEvery}, timed)
+}
+
+// TestTheCapTightensWhileATargetWithFullSlotsHasStalledInFilter: one endpoint, three
+// ranks computing 10 tokens a ms. Ranks 0 and 1 each run 16 requests past their first
+// chunk, rank 2 has one with 3000 tokens queued: the cap is 24, the fair share 12. A
+// small prompt costs least on rank 0 or 1. Once one more request on rank 1 has waited
+// ten times its prefill, rank 1 has stalled with 16 running, the cap is the fair
+// share, ranks 0 and 1 are past it, and the prompt goes to rank 2. A rank stalled
+// running 15, or rank 2 stalled with its one request, leaves the cap as it is.
+func TestTheCapTightensWhileATargetWithFullSlotsHasStalledInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cases := []struct {
+		name     string
+		running1 int    // requests running on rank 1
+		stalled  string // "": none
+	}{
+		{"nothing stalled", 16, ""},
+		{"rank 1 stalled running 16", 16, "1"},
+		{"rank 1 stalled running 15", 15, "1"},
+		{"rank 2 stalled with one request", 16, "2"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(44))
+				for _, rank := range []string{"0", "1", "2"} {
+					computeOn(t, h, prose(rng, 4000), rank, 100)
+				}
+				var open []uint32
+				if c.stalled == "2" {
+					open = append(open, openOn(t, h, prose(rng, 12000), "2", false))
+					h.advance(3000)
+				}
+				for rank, running := range []int{16, c.running1} {
+					for i := 0; i < running; i++ {
+						id := openOn(t, h, prose(rng, 400), fmt.Sprint(rank), false)
+						open = append(open, id)
+						h.advance(10)
+						h.firstChunk(id)
+					}
+				}
+				if c.stalled == "1" {
+					open = append(open, openOn(t, h, prose(rng, 400), "1", false))
+				}
+				h.advance(100)
+				if c.stalled != "2" {
+					open = append(open, openOn(t, h, prose(rng, 12000), "2", false))
+				}
+				h.advance(1)
+				id, _ := h.send(post("/v1/completions", completionBody(prose(rng, 400))))
+				rank, _ := h.header(id, "x-data-parallel-rank")
+				decision, _ := h.header(id, "x-kvroute-decision")
+				h.stream(id)
+				for _, id := range append(open, id) {
+					h.endStream(id)
+				}
+				if c.stalled == "1" && c.running1 >= 16 {
+					assert.Equal(t, "2", rank, "ranks 0 and 1 are past the fair share")
+					assert.Equal(t, "load", decision)
+					return
+				}
+				assert.NotEqual(t, "2", rank, "the cap stays at twice the fair share")
+			})
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/kvroute/kvroute/routing/state"
@@ -398,5 +399,74 @@ func TestCandidatesAreTheTargetsUnderTheCap(t *testing.T) {
 				require.Equal(t, want, got, "step %d", step)
 			}
 		}
+	}
+}
+
+func TestTheCapTightensWhileATargetWithFullSlotsHasStalled(t *testing.T) {
+	// One endpoint, three ranks, each computing 10 tokens a ms. Ranks 0 and 1 each run
+	// 16 requests past their first chunk, rank 2 has one request with 3000 tokens
+	// queued: the cap is 24, the fair share 12. A small prompt costs least on rank 0 or
+	// 1, where nothing is queued. When one more request on rank 1 has waited ten times
+	// as long as its prefill takes, rank 1 has stalled with 16 running
+	// (slotsFullRunning): the cap is the fair share, ranks 0 and 1 are past it, and the
+	// prompt goes to rank 2. A rank that stalls running 15, or rank 2 stalled with its
+	// one request, leaves the cap as it is.
+	cases := []struct {
+		name     string
+		running1 int    // requests running on rank 1
+		stalled  string // "": none
+	}{
+		{"nothing stalled", 16, ""},
+		{"rank 1 stalled running 16", 16, "1"},
+		{"rank 1 stalled running 15", 15, "1"},
+		{"rank 2 stalled with one request", 16, "2"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := config.ParseConfig([]byte(`{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`))
+			require.NoError(t, err)
+			clock := &fakeClock{ms: 1e6}
+			r := NewRouter(&cfg, state.NewMemoryStore(), clock.now)
+			rng := rand.New(rand.NewSource(11))
+			id := uint64(0)
+			send := func(tokens, rank int) Decision {
+				id++
+				d := r.Decide(textRequest(words(rng, 4*tokens), id), rank)
+				require.Equal(t, rank, d.Target.Rank)
+				return d
+			}
+			for rank := 0; rank < 3; rank++ {
+				d := send(1000, rank)
+				clock.ms += 100
+				require.NoError(t, r.FirstChunk(&d.Ticket))
+				require.NoError(t, r.Release(d.Ticket))
+			}
+			if c.stalled == "2" {
+				send(3000, 2)
+				clock.ms += 3000
+			}
+			for rank, running := range []int{16, c.running1} {
+				for i := 0; i < running; i++ {
+					d := send(100, rank)
+					clock.ms += 10
+					require.NoError(t, r.FirstChunk(&d.Ticket))
+				}
+			}
+			if c.stalled == "1" {
+				send(100, 1)
+			}
+			clock.ms += 100
+			if c.stalled != "2" {
+				send(3000, 2)
+			}
+			clock.ms++
+			d := r.Decide(textRequest(words(rng, 400), 100), NoRank)
+			if c.stalled == "1" && c.running1 >= slotsFullRunning {
+				assert.Equal(t, 2, d.Target.Rank, "ranks 0 and 1 are past the fair share")
+				assert.Equal(t, KindLoad, d.Kind)
+				return
+			}
+			assert.NotEqual(t, 2, d.Target.Rank, "the cap stays at twice the fair share")
+		})
 	}
 }

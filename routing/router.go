@@ -228,6 +228,18 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	}
 	v.total.Requests, v.total.Tokens, v.busiest = requests, tokens, busiest
 	v.cap = fairShareCap(r.cfg.Balance.FairShareMultiplier, requests, len(eligible))
+	// A target that has stalled while running many requests past their first chunk has
+	// run out of running slots (slotsFullRunning): requests in flight, not prefill
+	// queued, then set the wait, and the cap is the fair share itself, so that they are
+	// spread evenly.
+	if share := fairShareCap(1, requests, len(eligible)); share < v.cap {
+		for _, i := range eligible {
+			if running := loads[i].Requests - loads[i].Prefills; running >= max(share, slotsFullRunning) && loads[i].Stalled(nowMS) {
+				v.cap = share
+				break
+			}
+		}
+	}
 	v.perRequest = 0
 	if sent > 0 {
 		v.perRequest = recent / sent
@@ -326,6 +338,16 @@ func (r *Router) PublishEngineFigures(prefill bool, address string, byRank map[i
 	p.engineReadAt = -engineReadMS // read our own scrape back at the next decision
 	return err
 }
+
+// slotsFullRunning is the fewest requests past their first chunk at which a target that
+// has stalled (Load.Stalled) is taken to be out of running slots. Such an engine starts
+// a request only when another ends, so a request sent there waits for every one queued
+// before it to get a slot, whatever it caches there; a cap above the fair share lets
+// the targets that cache the busiest prompts fill up while others idle. Engines run
+// more slots than this, and a target running fewer has stalled on a prefill that took
+// longer than its rate says (a copy gone from its cache, a longer prompt), which
+// spreading the pool's requests does not help. BENCHMARKS.md has the replays behind it.
+const slotsFullRunning = 16
 
 // fairShareCap is the fair-share cap: max(1, ceil(m × ceil((active+1)/n))).
 func fairShareCap(multiplier float64, active int64, n int) int64 {
