@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math/rand"
 	"strings"
 	"testing"
@@ -64,6 +65,65 @@ func TestAFirstChunkThatShowsACopyGoneTeachesTheCacheInFilter(t *testing.T) {
 				rank, decision = stream(e+prose(rng, 4000), 25)
 				assert.Equal(t, tc.decision, decision)
 				if strings.HasPrefix(tc.decision, "continuation") {
+					assert.Equal(t, "0", rank)
+				}
+			})
+		})
+	}
+}
+
+// TestAnEngineReportedCacheCountsInFilter: with no cache configured and engine metrics
+// on, the size vLLM reports in cache_config_info is each rank's cache. Document E
+// (8000 tokens) is computed on rank 0, then 32000 tokens of other work there. With
+// 20000 tokens reported, E's copy is gone and its continuation is placed by load;
+// with 1000000 reported, or nothing, it is still a continuation on rank 0.
+func TestAnEngineReportedCacheCountsInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,"engine_metrics":{"enabled":true,"interval_ms":100,"stale_ms":60000},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}}`
+	info := func(blocks int) string {
+		return fmt.Sprintf(`# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="%d"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blocks="%d"} 1.0
+`, blocks, blocks)
+	}
+	for _, tc := range []struct {
+		name     string
+		page     string
+		decision string
+	}{
+		{"reported under the writes", vllmPage(0, 0) + info(1250), "load"},
+		{"reported above them", vllmPage(0, 0) + info(62500), "continuation"},
+		{"not reported", vllmPage(0, 0), "continuation"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				h.Tick()
+				for _, c := range h.scrapes() {
+					h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "200"}}, nil, []byte(tc.page))
+				}
+				rng := rand.New(rand.NewSource(25))
+				e := prose(rng, 32000)
+				stream := func(body string, headers ...[2]string) (rank, decision string) {
+					id, action := h.send(post("/v1/completions", completionBody(body), headers...))
+					require.Equal(t, types.ActionContinue, action)
+					rank, _ = h.header(id, "x-data-parallel-rank")
+					decision, _ = h.header(id, "x-kvroute-decision")
+					h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}, false)
+					h.advance(200)
+					h.CallOnResponseBody(id, []byte("data: {}\n\n"), false)
+					h.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
+					h.CompleteHttpContext(id)
+					return rank, decision
+				}
+				rank0 := [2]string{"x-data-parallel-rank", "0"}
+				for _, doc := range []string{e, prose(rng, 32000), prose(rng, 32000), prose(rng, 32000), prose(rng, 32000)} {
+					rank, _ := stream(doc, rank0)
+					require.Equal(t, "0", rank)
+				}
+				rank, decision := stream(e + prose(rng, 4000))
+				assert.Equal(t, tc.decision, decision)
+				if tc.decision == "continuation" {
 					assert.Equal(t, "0", rank)
 				}
 			})

@@ -4,6 +4,7 @@ import (
 	"math/rand"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/engine"
 	"github.com/kvroute/kvroute/routing/prefix"
 	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
@@ -157,5 +158,78 @@ func TestADisaggregatedRequestTeachesNoCache(t *testing.T) {
 		next := r.Decide(textRequest(doc+words(rng, 400), 2), NoRank)
 		assert.Equal(t, first.Target.ID, next.Target.ID)
 		assert.Equal(t, c.news, next.Ticket.Cached > 0, c.disagg)
+	}
+}
+
+func TestAnEngineReportedCacheCountsUntilOneIsLearned(t *testing.T) {
+	// As TestAHolderWhoseCacheTurnedOverHoldsNothing, with no cache configured but
+	// engine metrics on: the holder's engine reports its KV cache's size. 4000 tokens
+	// (under the 5000 written since the copy) and the copy is gone; 6000 and it is
+	// still there. A configured cache outranks the report, and a report gone stale
+	// no longer counts.
+	rng := rand.New(rand.NewSource(13))
+	doc := words(rng, 8000)
+	next := doc + words(rng, 400)
+	for _, c := range []struct {
+		name       string
+		configured string
+		reported   float64
+		staleBy    int64
+		kind       Kind
+	}{
+		{"reported under the writes", "0", 4000, 0, KindLoad},
+		{"reported above them", "0", 6000, 0, KindContinuation},
+		{"configured outranks reported", "6000", 4000, 0, KindContinuation},
+		{"reported, gone stale", "0", 4000, 5001, KindContinuation},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clock := &fakeClock{ms: 1e6}
+			cfg := testConfig(t, `,"prefix":{"target_cache_tokens":`+c.configured+`},"balance":{"fair_share_multiplier":100},"engine_metrics":{"enabled":true,"stale_ms":5000}`)
+			r := NewRouter(cfg, state.NewMemoryStore(), clock.now)
+			first := r.Decide(textRequest(doc, 1), NoRank)
+			require.NoError(t, r.Release(first.Ticket))
+			require.NoError(t, r.PublishEngineFigures(false, first.Target.Address, map[int]engine.EngineFigures{first.Target.Rank: {CacheTokens: c.reported}}))
+			other, err := r.decode.ledger.AcquireQueued(first.Target.ID, 5000, 5000, 0, clock.ms)
+			require.NoError(t, err)
+			require.NoError(t, r.decode.ledger.Release(other, clock.now))
+			clock.ms += c.staleBy
+			d := r.Decide(textRequest(next, 2), NoRank)
+			assert.Equal(t, c.kind, d.Kind)
+		})
+	}
+}
+
+func TestAnEngineReportedCacheIsWhereTheLearningStarts(t *testing.T) {
+	// As TestAFirstChunkThatShowsACopyGoneTeachesTheCache's "gone": a continuation's
+	// first chunk shows its 5000-token-old copy gone. With nothing configured or
+	// reported the cache is learned as that age; with the engine reporting 100000
+	// tokens it goes a twentieth down from there.
+	for _, c := range []struct {
+		reported float64
+		want     int64
+	}{{0, 5000}, {100000, 95000}} {
+		rng := rand.New(rand.NewSource(11))
+		d := words(rng, 8000)
+		clock := &fakeClock{ms: 1e6}
+		r := NewRouter(testConfig(t, `,"balance":{"fair_share_multiplier":100},"engine_metrics":{"enabled":true,"stale_ms":60000}`), state.NewMemoryStore(), clock.now)
+		first := r.Decide(textRequest(d, 1), NoRank)
+		x := first.Target.ID
+		clock.ms += 200
+		require.NoError(t, r.FirstChunk(&first.Ticket))
+		require.NoError(t, r.Release(first.Ticket))
+		if c.reported > 0 {
+			require.NoError(t, r.PublishEngineFigures(false, first.Target.Address, map[int]engine.EngineFigures{first.Target.Rank: {CacheTokens: c.reported}}))
+		}
+		other, err := r.decode.ledger.AcquireQueued(x, 5000, 5000, 0, clock.ms)
+		require.NoError(t, err)
+		require.NoError(t, r.decode.ledger.Release(other, clock.now))
+		clock.ms += 1000
+		next := r.Decide(textRequest(d+words(rng, 400), 3), NoRank)
+		require.Equal(t, x, next.Target.ID)
+		assert.Equal(t, int64(c.reported), next.Ticket.CacheStart)
+		clock.ms += 210
+		require.NoError(t, r.FirstChunk(&next.Ticket))
+		learned := targetLoad(t, r.decode.ledger, x, clock.ms).Cache
+		assert.InDelta(t, c.want, learned, 16, "reported %v", c.reported)
 	}
 }

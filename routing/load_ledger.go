@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"cmp"
 	"encoding/binary"
 	"math"
 
@@ -76,9 +77,11 @@ type ledgerDelta struct {
 	// to the target's recent work, as of recentEpoch (its epoch is ignored)
 	recent, recentSent, recentEpoch int64
 	// a first chunk's news of the target's cache (its epoch is ignored): cacheHit
-	// +1 if a copy cacheAge tokens old was still there, -1 if it was gone
-	cacheHit int8
-	cacheAge int64
+	// +1 if a copy cacheAge tokens old was still there, -1 if it was gone;
+	// cacheStart is the cache the sender took the target to have (0: configuredCache)
+	cacheHit   int8
+	cacheAge   int64
+	cacheStart int64
 }
 
 // ledgerBatch is how many acquires and releases a VM holds before it writes them.
@@ -224,7 +227,10 @@ type LoadTicket struct {
 	// in a copy CacheAge write-clock tokens old. Its first chunk says whether the
 	// copy was there.
 	Cached, CacheAge int64
-	Valid            bool
+	// CacheStart is the target's cache as the decision took it (learned, reported by
+	// the engine or configured): where the learning starts if nothing is learned yet.
+	CacheStart int64
+	Valid      bool
 }
 
 // NewLoadLedger returns the ledger of one pool.
@@ -408,7 +414,7 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 			l.Recent += decayed(d.recent, d.recentEpoch, nowEpoch)
 			l.RecentSent += decayed(d.recentSent, d.recentEpoch, nowEpoch)
 			if d.cacheHit != 0 {
-				l.Cache = learnCache(l.Cache, configured, &d)
+				l.Cache = learnCache(l.Cache, cmp.Or(d.cacheStart, configured), &d)
 			}
 		}
 		if i >= 0 && d.epoch > oldest {
@@ -484,7 +490,7 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest, configured
 			e.recent, e.recentSent, e.recentEpoch = addRecent(e.recent, e.recentSent, e.recentEpoch, d.recent, d.recentSent, d.recentEpoch)
 		}
 		if d.cacheHit != 0 {
-			e.cache = learnCache(e.cache, configuredCache, &d)
+			e.cache = learnCache(e.cache, cmp.Or(d.cacheStart, configuredCache), &d)
 		}
 		if d.epoch <= oldest {
 			continue
@@ -641,7 +647,7 @@ func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 	took := max(1, nowMS-max(t.SentMS, prev[0].Chunk))
 	d := ledgerDelta{target: t.Target, epoch: t.Epoch, prefills: -1, prefill: -t.Prefill, since: nowMS, chunk: nowMS, rateTok: t.Prefill, rateMS: took}
 	if hit := cacheNews(t, took, &prev[0]); hit != 0 {
-		d.cacheHit, d.cacheAge = hit, t.CacheAge
+		d.cacheHit, d.cacheAge, d.cacheStart = hit, t.CacheAge, t.CacheStart
 		if hit < 0 {
 			d.rateTok += t.Cached // the copy was computed again
 		}

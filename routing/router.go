@@ -278,7 +278,9 @@ const engineReadMS = 100
 // its load is the larger of the ledger's and the engine's running + waiting requests.
 // Engines report requests, not tokens; the extra requests are counted at the tokens per
 // request of the ledger's own (the target's, else the pool's), so the token-based cost
-// sees them too. A board that cannot be read leaves the ledger's figures.
+// sees them too. A cache size the engine reports is the target's cache until its first
+// chunks have taught one, unless prefix.target_cache_tokens sets it. A board that
+// cannot be read leaves the ledger's figures.
 func (r *Router) addEngineLoad(p *poolState, v *poolView, nowMS int64) {
 	if nowMS-p.engineReadAt >= engineReadMS || nowMS < p.engineReadAt {
 		if err := p.engine.ReadInto(p.engineFigures, nowMS, r.cfg.EngineMetrics.StaleMS); err != nil {
@@ -289,12 +291,19 @@ func (r *Router) addEngineLoad(p *poolState, v *poolView, nowMS int64) {
 	if len(p.engineFigures) == 0 {
 		return
 	}
+	ts := p.targets.Targets
+	if r.cfg.Prefix.TargetCacheTokens <= 0 {
+		for i := range ts {
+			if f, ok := p.engineFigures[ts[i].ID]; ok && v.loads[i].Cache <= 0 && f.CacheTokens >= 1 {
+				v.loads[i].Cache = int64(f.CacheTokens)
+			}
+		}
+	}
 	var poolReq, poolTok int64
 	for _, i := range v.eligible {
 		poolReq += v.loads[i].Requests
 		poolTok += v.loads[i].Tokens
 	}
-	ts := p.targets.Targets
 	for _, i := range v.eligible {
 		f, ok := p.engineFigures[ts[i].ID]
 		if !ok {
@@ -650,6 +659,7 @@ func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int
 	err = p.ledger.acquireInto(ticket, id, int64(req.Tokens), uncached, since, nowMS)
 	if age >= 0 {
 		ticket.Cached, ticket.CacheAge = int64(matched), age
+		ticket.CacheStart = v.loads[choice].CacheOr(r.cfg.Prefix.TargetCacheTokens)
 	}
 	// An error leaves the load held in the batch all the same.
 	return kind, matched, err != nil, nil

@@ -111,7 +111,8 @@ func replicaOf(seed uint64, index, k int) int {
 
 // enginePage is endpoint e's vLLM metrics page as the fleet model has it now: per DP
 // rank (vLLM's engine label) the requests running (in flight and past their prefill
-// queue), waiting, and the KV-cache use of the running requests.
+// queue), waiting, the KV-cache use of the running requests, and the prefix cache's
+// size as vLLM's cache_config_info gives it (in its 16-token blocks).
 func enginePage(f *Fleet, e int) []byte {
 	dp := f.cfg.DPSize
 	var b bytes.Buffer
@@ -135,6 +136,10 @@ func enginePage(f *Fleet, e int) []byte {
 			}
 			fmt.Fprintf(&b, "%s{engine=\"%d\",model_name=\"m\"} %s\n", s.name, r, v)
 		}
+	}
+	b.WriteString("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n")
+	for r := 0; r < dp; r++ {
+		fmt.Fprintf(&b, "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"%d\",num_gpu_blocks=\"%d\"} 1.0\n", r, f.cfg.CacheTokens/16)
 	}
 	return b.Bytes()
 }

@@ -91,10 +91,12 @@ func TestEnginePageParsesAsVLLM(t *testing.T) {
 	assert.Equal(t, 1.0, figures[1].Running)
 	assert.Equal(t, 3.0, figures[1].Waiting)
 	assert.InDelta(t, f.KVUtilization(3), figures[1].KVUsage, 1e-6)
+	assert.Equal(t, float64(cfg.CacheTokens), figures[0].CacheTokens, "the prefix cache's size, per rank")
+	assert.Equal(t, float64(cfg.CacheTokens), figures[1].CacheTokens)
 	assert.Contains(t, string(page), `vllm:num_requests_waiting{engine="1",model_name="m"} 3.0`)
 	idle, err := engine.ParseEngineMetrics(config.FlavorVLLM, enginePage(f, 0), 2, 0)
 	require.NoError(t, err)
-	assert.Equal(t, engine.EngineFigures{}, idle[0])
+	assert.Equal(t, engine.EngineFigures{CacheTokens: float64(cfg.CacheTokens)}, idle[0])
 }
 
 func TestReplicaSpreadIsSeededAndUniform(t *testing.T) {

@@ -50,6 +50,7 @@ func labelOffset(groups map[engineGroupKey]*engineGroup, dpSize, dpRankStart int
 type EngineFigures struct {
 	Running, Waiting float64 // requests in the running batch, and queued
 	KVUsage          float64 // fraction of the KV cache in use, 0..1
+	CacheTokens      float64 // the KV cache's size in tokens (0: not reported)
 }
 
 // ErrNoEngineFigures means a page was read but holds none of the flavor's series (an
@@ -64,6 +65,8 @@ var ErrUnknownFlavor = errors.New("kvroute: unknown engine metrics flavor")
 type engineNames struct {
 	running, waiting string
 	kv, kvLegacy     string // kvLegacy counts only when kv is absent from the page
+	cacheTokens      string // a gauge of the KV cache's size in tokens
+	cacheInfo        string // an info gauge whose labels give the KV cache's size
 	rankLabel        string // the DP rank of a series; "" when the engine has none
 	modelLabel       string
 }
@@ -76,12 +79,17 @@ type engineNames struct {
 // duplicate vllm:gpu_cache_usage_perc (the only KV gauge of vLLM < 0.9 / V0). Every
 // series has labelnames ["model_name", "engine"]; "engine" is the engine index, which
 // is the DP rank (make_per_engine over engine_indexes). Sample pages with two engines:
-// vllm-project/vllm tests/benchmarks/test_serve_metrics_export.py.
+// vllm-project/vllm tests/benchmarks/test_serve_metrics_export.py. The cache's size is
+// the info gauge vllm:cache_config_info (value 1), one series per engine labelled with
+// CacheConfig.metrics_info() and "engine" (loggers.py, _log_info_cache_config): the
+// size in tokens is its kv_cache_size_tokens label where vLLM gives one (it counts
+// hybrid models' attention groups right), else num_gpu_blocks × block_size.
 //
 // SGLang — sgl-project/sglang python/sglang/srt/metrics/collector.py,
 // SchedulerMetricsCollector: gauges sglang:num_running_reqs, sglang:num_queue_reqs
-// ("requests in the waiting queue") and sglang:token_usage (used / total KV tokens,
-// a fraction). The labels come from python/sglang/srt/managers/scheduler_metrics_mixin.py
+// ("requests in the waiting queue"), sglang:token_usage (used / total KV tokens,
+// a fraction) and sglang:max_total_num_tokens (the KV pool's size in tokens, set
+// once at start). The labels come from python/sglang/srt/managers/scheduler_metrics_mixin.py
 // init_metrics: model_name, engine_type, tp_rank, pp_rank, and dp_rank when the server
 // runs data parallel. Every TP/PP scheduler of one DP rank can report the same queue
 // (with --enable-metrics-for-all-schedulers, or under DP attention where tp_rank is
@@ -101,11 +109,12 @@ var engineFlavors = map[string]engineNames{
 	config.FlavorVLLM: {
 		running: "vllm:num_requests_running", waiting: "vllm:num_requests_waiting",
 		kv: "vllm:kv_cache_usage_perc", kvLegacy: "vllm:gpu_cache_usage_perc",
-		rankLabel: "engine", modelLabel: "model_name",
+		cacheInfo: "vllm:cache_config_info", rankLabel: "engine", modelLabel: "model_name",
 	},
 	config.FlavorSGLang: {
 		running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs",
-		kv: "sglang:token_usage", rankLabel: "dp_rank", modelLabel: "model_name",
+		kv: "sglang:token_usage", cacheTokens: "sglang:max_total_num_tokens",
+		rankLabel: "dp_rank", modelLabel: "model_name",
 	},
 	config.FlavorTRTLLM: {
 		running: "trtllm_num_requests_running", waiting: "trtllm_num_requests_waiting",
@@ -118,6 +127,7 @@ const (
 	hasWaiting
 	hasKV
 	hasKVLegacy
+	hasCache
 )
 
 type engineGroupKey struct {
@@ -126,8 +136,8 @@ type engineGroupKey struct {
 }
 
 type engineGroup struct {
-	running, waiting, kv, kvLegacy float64
-	has                            uint8
+	running, waiting, kv, kvLegacy, cache float64
+	has                                   uint8
 }
 
 func (g *engineGroup) set(field *float64, bit uint8, v float64) {
@@ -141,8 +151,8 @@ func (g *engineGroup) set(field *float64, bit uint8, v float64) {
 // rank, numbered as the endpoint's targets are: dpRankStart .. dpRankStart+dpSize-1.
 // Series are grouped by (rank, model): within a group (series that differ only in
 // other labels, such as SGLang's tp_rank) the largest value counts; across models
-// running and waiting add up and KV usage is the largest (each model has its own
-// cache, and the fullest one is what limits the server).
+// running, waiting and the cache's size add up and KV usage is the largest (each
+// model has its own cache, and the fullest one is what limits the server).
 //
 // The rank of a series is its rank label (vLLM "engine", SGLang "dp_rank"):
 //   - dpSize <= 1: every series counts for the endpoint's only rank, whatever its
@@ -157,7 +167,8 @@ func (g *engineGroup) set(field *float64, bit uint8, v float64) {
 //     rank. A labelled series that is still outside, or whose label is not a number,
 //     is left out: it cannot be attributed;
 //   - a series without a rank label on an endpoint with dpSize > 1 is spread evenly:
-//     each rank gets running/dpSize and waiting/dpSize, and the KV usage as it is.
+//     each rank gets running/dpSize, waiting/dpSize and cache/dpSize, and the KV
+//     usage as it is.
 //
 // Values that are NaN, infinite or negative are left out. A malformed page is an error
 // wrapping promtext.ErrMalformed; a page with none of the flavor's series is
@@ -182,6 +193,13 @@ func ParseEngineMetrics(flavor string, text []byte, dpSize, dpRankStart int) (ma
 			field = hasKV
 		case names.kvLegacy: // "" for flavors without one: never a sample's name
 			field = hasKVLegacy
+		case names.cacheTokens:
+			field = hasCache
+		case names.cacheInfo:
+			field = hasCache
+			if v = cacheInfoTokens(labels); v <= 0 {
+				return true
+			}
 		default:
 			return true
 		}
@@ -209,6 +227,8 @@ func ParseEngineMetrics(flavor string, text []byte, dpSize, dpRankStart int) (ma
 			g.set(&g.kv, hasKV, v)
 		case hasKVLegacy:
 			g.set(&g.kvLegacy, hasKVLegacy, v)
+		case hasCache:
+			g.set(&g.cache, hasCache, v)
 		}
 		return true
 	})
@@ -220,6 +240,7 @@ func ParseEngineMetrics(flavor string, text []byte, dpSize, dpRankStart int) (ma
 		f := out[rank]
 		f.Running += g.running * share
 		f.Waiting += g.waiting * share
+		f.CacheTokens += g.cache * share
 		kv := g.kv
 		if g.has&hasKV == 0 {
 			kv = g.kvLegacy
@@ -246,11 +267,27 @@ func ParseEngineMetrics(flavor string, text []byte, dpSize, dpRankStart int) (ma
 	return out, nil
 }
 
+// cacheInfoTokens is the KV cache's size in tokens that a vLLM cache_config_info
+// series gives in its labels (0: none that can be read, as before the cache is sized,
+// when vLLM labels it "None").
+func cacheInfoTokens(labels promtext.Labels) float64 {
+	if n, ok := labels.Int("kv_cache_size_tokens"); ok {
+		return float64(n)
+	}
+	blocks, ok1 := labels.Int("num_gpu_blocks")
+	size, ok2 := labels.Int("block_size")
+	if !ok1 || !ok2 {
+		return 0
+	}
+	return float64(blocks) * float64(size)
+}
+
 // EngineBoard keeps the latest engine figures of every target of one pool in one
 // shared-data key, <namespace>/engine/<pool>, each with the time it was taken.
 //
 // The value is a format byte, then per target: id (8), taken at in ms (8), running,
-// waiting and KV usage (float32, 4 each), little-endian. A value of another format, or
+// waiting and KV usage (float32, 4 each) and the cache's size in tokens (uint32,
+// saturating), little-endian. A value of another format, or
 // torn, reads as empty and is started afresh.
 type EngineBoard struct {
 	store   state.Store
@@ -260,8 +297,8 @@ type EngineBoard struct {
 }
 
 const (
-	engineBoardFormat    = 1
-	engineBoardEntrySize = 28
+	engineBoardFormat    = 2
+	engineBoardEntrySize = 32
 )
 
 type boardEntry struct {
@@ -287,11 +324,7 @@ func decodeEngineBoard(v []byte) []boardEntry {
 		out = append(out, boardEntry{
 			id:      binary.LittleEndian.Uint64(v),
 			takenMS: int64(binary.LittleEndian.Uint64(v[8:])),
-			f: EngineFigures{
-				Running: float64(math.Float32frombits(binary.LittleEndian.Uint32(v[16:]))),
-				Waiting: float64(math.Float32frombits(binary.LittleEndian.Uint32(v[20:]))),
-				KVUsage: float64(math.Float32frombits(binary.LittleEndian.Uint32(v[24:]))),
-			},
+			f:       decodeFigures(v),
 		})
 	}
 	return out
@@ -306,8 +339,19 @@ func encodeEngineBoard(entries []boardEntry) []byte {
 		out = binary.LittleEndian.AppendUint32(out, math.Float32bits(float32(e.f.Running)))
 		out = binary.LittleEndian.AppendUint32(out, math.Float32bits(float32(e.f.Waiting)))
 		out = binary.LittleEndian.AppendUint32(out, math.Float32bits(float32(e.f.KVUsage)))
+		out = binary.LittleEndian.AppendUint32(out, uint32(min(max(e.f.CacheTokens, 0), math.MaxUint32)))
 	}
 	return out
+}
+
+// decodeFigures reads the figures of one board entry.
+func decodeFigures(v []byte) EngineFigures {
+	return EngineFigures{
+		Running:     float64(math.Float32frombits(binary.LittleEndian.Uint32(v[16:]))),
+		Waiting:     float64(math.Float32frombits(binary.LittleEndian.Uint32(v[20:]))),
+		KVUsage:     float64(math.Float32frombits(binary.LittleEndian.Uint32(v[24:]))),
+		CacheTokens: float64(binary.LittleEndian.Uint32(v[28:])),
+	}
 }
 
 // Publish records fresh figures, taken at nowMS, for the targets in figures (by target
@@ -369,11 +413,7 @@ func (b *EngineBoard) ReadInto(dst map[uint64]EngineFigures, nowMS, staleMS int6
 		if nowMS-taken >= staleMS {
 			continue
 		}
-		dst[binary.LittleEndian.Uint64(v)] = EngineFigures{
-			Running: float64(math.Float32frombits(binary.LittleEndian.Uint32(v[16:]))),
-			Waiting: float64(math.Float32frombits(binary.LittleEndian.Uint32(v[20:]))),
-			KVUsage: float64(math.Float32frombits(binary.LittleEndian.Uint32(v[24:]))),
-		}
+		dst[binary.LittleEndian.Uint64(v)] = decodeFigures(v)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -154,6 +155,55 @@ func TestEngineMetricsTRTLLM(t *testing.T) {
 	require.Equal(t, EngineFigures{Running: 6, Waiting: 1.5, KVUsage: 0.4375}, got[1])
 }
 
+func TestEngineMetricsCacheSize(t *testing.T) {
+	// vLLM's info gauge, one series per engine, labelled as CacheConfig.metrics_info()
+	// gives them: engine 0 with kv_cache_size_tokens (which wins over the blocks: a
+	// hybrid model's groups), engine 1 without it, engine 2 before the cache is sized.
+	vllm := `# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",kv_cache_size_tokens="218464",num_gpu_blocks="24978",sliding_window="None"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="1",gpu_memory_utilization="0.9",num_gpu_blocks="9000",sliding_window="None"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="2",num_gpu_blocks="None"} 1.0
+vllm:num_requests_running{engine="0",model_name="m"} 2
+vllm:num_requests_running{engine="1",model_name="m"} 1
+vllm:num_requests_running{engine="2",model_name="m"} 0
+`
+	got, err := ParseEngineMetrics(config.FlavorVLLM, []byte(vllm), 3, 0)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{
+		0: {Running: 2, CacheTokens: 218464},
+		1: {Running: 1, CacheTokens: 144000},
+		2: {},
+	}, got)
+	// One target over the three engines: vLLM spreads its requests over all of them.
+	got, err = ParseEngineMetrics(config.FlavorVLLM, []byte(vllm), 1, 0)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 3, CacheTokens: 362464}}, got)
+	// A page with nothing but the cache's size still says the engine's load is nil.
+	got, err = ParseEngineMetrics(config.FlavorVLLM, []byte(`vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="100"} 1`), 1, 0)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {CacheTokens: 3200}}, got)
+
+	// SGLang's gauge, reported by every TP scheduler of a DP rank: not added up.
+	sglang := `# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.
+# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{model_name="glm",engine_type="unified",tp_rank="0",pp_rank="0",dp_rank="0"} 156907.0
+sglang:max_total_num_tokens{model_name="glm",engine_type="unified",tp_rank="1",pp_rank="0",dp_rank="0"} 156907.0
+sglang:max_total_num_tokens{model_name="glm",engine_type="unified",tp_rank="2",pp_rank="0",dp_rank="1"} 150000.0
+sglang:num_running_reqs{model_name="glm",engine_type="unified",tp_rank="0",pp_rank="0",dp_rank="0"} 2.0
+`
+	got, err = ParseEngineMetrics(config.FlavorSGLang, []byte(sglang), 2, 0)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 2, CacheTokens: 156907}, 1: {CacheTokens: 150000}}, got)
+
+	// TensorRT-LLM reports no size: the figures carry none, and neither does the wrong flavor's.
+	got, err = ParseEngineMetrics(config.FlavorTRTLLM, readEngineTestdata(t, "trtllm.txt"), 1, 0)
+	require.NoError(t, err)
+	require.Zero(t, got[0].CacheTokens)
+	_, err = ParseEngineMetrics(config.FlavorTRTLLM, []byte(vllm+sglang), 1, 0)
+	require.ErrorIs(t, err, ErrNoEngineFigures)
+}
+
 func TestEngineMetricsErrors(t *testing.T) {
 	_, err := ParseEngineMetrics("tgi", []byte("x 1\n"), 1, 0)
 	require.ErrorIs(t, err, ErrUnknownFlavor)
@@ -180,7 +230,7 @@ func TestEngineBoardPublishRead(t *testing.T) {
 	a, c := hashx.FingerprintString("10.0.0.1:8000#0"), hashx.FingerprintString("10.0.0.1:8000#1")
 	require.NoError(t, b.Publish(1000, map[uint64]EngineFigures{
 		a: {Running: 5, Waiting: 4, KVUsage: 0.72},
-		c: {Running: 3, Waiting: 2, KVUsage: 0.5},
+		c: {Running: 3, Waiting: 2, KVUsage: 0.5, CacheTokens: 1 << 40},
 	}))
 	got, err = b.Read(1500, 5000)
 	require.NoError(t, err)
@@ -188,7 +238,7 @@ func TestEngineBoardPublishRead(t *testing.T) {
 	require.Equal(t, 5.0, got[a].Running)
 	require.Equal(t, 4.0, got[a].Waiting)
 	require.InDelta(t, 0.72, got[a].KVUsage, 1e-6, "stored as float32")
-	require.Equal(t, EngineFigures{Running: 3, Waiting: 2, KVUsage: 0.5}, got[c])
+	require.Equal(t, EngineFigures{Running: 3, Waiting: 2, KVUsage: 0.5, CacheTokens: math.MaxUint32}, got[c], "a cache too large to store saturates")
 
 	// The key is <namespace>/engine/<pool>, format byte first.
 	v, _, err := s.Get("ns/engine/decode")
@@ -249,6 +299,7 @@ func TestEngineBoardPartialPublishKeepsOldFigures(t *testing.T) {
 func TestEngineBoardUnknownFormatStartsAfresh(t *testing.T) {
 	for what, v := range map[string][]byte{
 		"other format": append([]byte{9}, make([]byte, engineBoardEntrySize)...),
+		"format 1":     append([]byte{1}, make([]byte, 28)...), // before the cache's size
 		"torn":         append([]byte{engineBoardFormat}, make([]byte, engineBoardEntrySize-3)...),
 		"empty":        {},
 	} {
