@@ -21,6 +21,19 @@ type FleetConfig struct {
 	PrefillMSPerToken float64 // prefill time per uncached prompt token
 	DecodeMSPerToken  float64 // decode time per output token
 	MaxRunning        int     // requests a target runs at once; more wait in its queue
+
+	// SlowEndpoints are the first endpoints whose service times are SlowFactor times
+	// the others' (older GPUs in a mixed fleet); 0 or a factor of 1: none.
+	SlowEndpoints int
+	SlowFactor    float64
+}
+
+// serviceFactor is the multiplier of target i's prefill and decode times.
+func (c FleetConfig) serviceFactor(i int) float64 {
+	if c.SlowFactor > 0 && i/c.DPSize < c.SlowEndpoints {
+		return c.SlowFactor
+	}
+	return 1
 }
 
 // TargetName is the address and rank of target i: endpoint-major order.
@@ -162,9 +175,10 @@ func (f *Fleet) admit(tg *target, j *job) {
 	f.inputTokens += int64(r.InputTokens)
 
 	j.prefillStart = math.Max(f.now, tg.prefillFreeAt)
-	prefillEnd := j.prefillStart + float64(uncached)*f.cfg.PrefillMSPerToken
+	slow := f.cfg.serviceFactor(j.target)
+	prefillEnd := j.prefillStart + float64(uncached)*f.cfg.PrefillMSPerToken*slow
 	tg.prefillFreeAt = prefillEnd
-	decode := float64(r.OutputTokens) * f.cfg.DecodeMSPerToken
+	decode := float64(r.OutputTokens) * f.cfg.DecodeMSPerToken * slow
 	j.done = prefillEnd + decode
 	tg.work += prefillEnd - j.prefillStart + decode
 	tg.kvTokens += r.InputTokens + r.OutputTokens

@@ -296,3 +296,19 @@ func TestRunReplaysEverySpeedAndDraw(t *testing.T) {
 	assert.LessOrEqual(t, st[1].TTFTMean.Min, st[1].TTFTMean.Mean)
 	assert.GreaterOrEqual(t, st[1].TTFTMean.Max, st[1].TTFTMean.Mean)
 }
+
+func TestSlowEndpointsServeSlowerByTheirFactor(t *testing.T) {
+	// Two endpoints of one rank each, the first 3 times as slow: the same 1024-token
+	// prompt with 1 output token takes 3 × (1024 + 10) ms of work there.
+	cfg := oneTarget()
+	cfg.Endpoints, cfg.SlowEndpoints, cfg.SlowFactor = 2, 1, 3
+	reqs := []*Request{
+		textReq(0, 0, []uint64{1, 2}, 1024, 1, "a"),
+		textReq(1, 0, []uint64{3, 4}, 1024, 1, "b"),
+	}
+	res, err := Replay(reqs, cfg, &scripted{targets: []int{0, 1}})
+	require.NoError(t, err)
+	assert.Equal(t, []float64{3072, 1024}, res.TTFTByIndex)
+	assert.InDelta(t, 3*1034, res.Work[0], 1e-9)
+	assert.InDelta(t, 1034, res.Work[1], 1e-9)
+}

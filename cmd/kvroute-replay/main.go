@@ -86,6 +86,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.Float64Var(&o.fleet.PrefillMSPerToken, "prefill-ms", defaultPrefillMS, "prefill time per uncached prompt token, ms")
 	fs.Float64Var(&o.fleet.DecodeMSPerToken, "decode-ms", defaultDecodeMS, "decode time per output token, ms")
 	fs.IntVar(&o.fleet.MaxRunning, "max-running", defaultMaxRunning, "requests a target runs at once; more queue")
+	fs.IntVar(&o.fleet.SlowEndpoints, "slow-endpoints", 0, "a mixed fleet: the first this many servers prefill and decode -slow-factor times slower")
+	fs.Float64Var(&o.fleet.SlowFactor, "slow-factor", 2, "with -slow-endpoints, how many times slower those servers are")
 	fs.IntVar(&o.charsPerToken, "chars-per-token", 4, "characters of prompt text per token (keep chars_per_token in -config equal)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the baselines' random tie-breaks and of the spread over -replicas")
 	fs.StringVar(&o.idSalt, "id-salt", "", "put this into the x-request-id kvroute sees (replay-<salt>-<n> instead of replay-<n>): it seeds kvroute's tie-break shuffle, so other values show how much one run owes to ties")
@@ -127,6 +129,8 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-speed must be > 0 and the service times >= 0")
 	case o.replicas < 0:
 		return nil, fmt.Errorf("-replicas must be >= 0")
+	case o.fleet.SlowEndpoints < 0 || !(o.fleet.SlowFactor > 0):
+		return nil, fmt.Errorf("-slow-endpoints must be >= 0 and -slow-factor > 0")
 	}
 	if o.replicas > 0 {
 		if _, err := selectReplicaVariants(o.replicaConfigs); err != nil {

@@ -201,6 +201,9 @@ func (rep *Report) WriteText(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\n  service: prefill %.3g ms per uncached token (one prefill at a time per target, FIFO), decode %.3g ms per output token, %d running per target; responses streamed\n",
 		fc.PrefillMSPerToken, fc.DecodeMSPerToken, fc.MaxRunning)
+	if fc.SlowEndpoints > 0 && fc.SlowFactor != 1 {
+		fmt.Fprintf(w, "  mixed fleet: endpoints 1-%d prefill and decode %.3g times as slowly\n", min(fc.SlowEndpoints, fc.Endpoints), fc.SlowFactor)
+	}
 	fmt.Fprintf(w, "  oracle hit rate: one shared LRU of the fleet's total size %.4f; infinite cache %.4f\n",
 		rep.OracleLRU, rep.OracleInfinite)
 	draws := max(1, rep.Draws)
