@@ -73,10 +73,11 @@ func TestAFirstChunkThatShowsACopyGoneTeachesTheCacheInFilter(t *testing.T) {
 }
 
 // TestAnEngineReportedCacheCountsInFilter: with no cache configured and engine metrics
-// on, the size vLLM reports in cache_config_info is each rank's cache. Document E
-// (8000 tokens) is computed on rank 0, then 32000 tokens of other work there. With
-// 20000 tokens reported, E's copy is gone and its continuation is placed by load;
-// with 1000000 reported, or nothing, it is still a continuation on rank 0.
+// on, the size vLLM reports in cache_config_info is each rank's cache: num_gpu_blocks
+// is the sum over the server's two engines. Document E (8000 tokens) is computed on
+// rank 0, then 32000 tokens of other work there. With 20000 tokens a rank, E's copy is
+// gone and its continuation is placed by load; with 1000000, or nothing reported, it
+// is still a continuation on rank 0.
 func TestAnEngineReportedCacheCountsInFilter(t *testing.T) {
 	const cfg = `{"trust_client_dp_rank":true,"engine_metrics":{"enabled":true,"interval_ms":100,"stale_ms":60000},
 		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}}`
@@ -91,8 +92,8 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blo
 		page     string
 		decision string
 	}{
-		{"reported under the writes", vllmPage(0, 0) + info(1250), "load"},
-		{"reported above them", vllmPage(0, 0) + info(62500), "continuation"},
+		{"reported under the writes", vllmPage(0, 0) + info(2500), "load"},
+		{"reported above them", vllmPage(0, 0) + info(125000), "continuation"},
 		{"not reported", vllmPage(0, 0), "continuation"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -211,7 +211,9 @@ func TestAnEngineReportedCacheIsWhereTheLearningStarts(t *testing.T) {
 		rng := rand.New(rand.NewSource(11))
 		d := words(rng, 8000)
 		clock := &fakeClock{ms: 1e6}
-		r := NewRouter(testConfig(t, `,"balance":{"fair_share_multiplier":100},"engine_metrics":{"enabled":true,"stale_ms":60000}`), state.NewMemoryStore(), clock.now)
+		store := state.NewMemoryStore()
+		cfg := testConfig(t, `,"balance":{"fair_share_multiplier":100},"engine_metrics":{"enabled":true,"stale_ms":60000}`)
+		r := NewRouter(cfg, store, clock.now)
 		first := r.Decide(textRequest(d, 1), NoRank)
 		x := first.Target.ID
 		clock.ms += 200
@@ -231,5 +233,14 @@ func TestAnEngineReportedCacheIsWhereTheLearningStarts(t *testing.T) {
 		require.NoError(t, r.FirstChunk(&next.Ticket))
 		learned := targetLoad(t, r.decode.ledger, x, clock.ms).Cache
 		assert.InDelta(t, c.want, learned, 16, "reported %v", c.reported)
+		// The same in the shared ledger, where every VM reads it.
+		require.NoError(t, r.decode.ledger.Flush(clock.ms))
+		peer := NewRouter(cfg, store, clock.now)
+		assert.InDelta(t, c.want, targetLoad(t, peer.decode.ledger, x, clock.ms).Cache, 16, "reported %v, another VM", c.reported)
+		// Once learned, the cache is the learned one, whatever the engine reports.
+		require.NoError(t, r.PublishEngineFigures(false, first.Target.Address, map[int]engine.EngineFigures{first.Target.Rank: {CacheTokens: 300000}}))
+		v, err := r.view(r.decode, NoRank, clock.ms)
+		require.NoError(t, err)
+		assert.InDelta(t, c.want, v.loads[r.decode.targets.Index(x)].Cache, 16, "reported %v, then 300000", c.reported)
 	}
 }

@@ -112,7 +112,7 @@ func replicaOf(seed uint64, index, k int) int {
 // enginePage is endpoint e's vLLM metrics page as the fleet model has it now: per DP
 // rank (vLLM's engine label) the requests running (in flight and past their prefill
 // queue), waiting, the KV-cache use of the running requests, and the prefix cache's
-// size as vLLM's cache_config_info gives it (in its 16-token blocks).
+// size as vLLM's cache_config_info gives it (16-token blocks, summed over the engines).
 func enginePage(f *Fleet, e int) []byte {
 	dp := f.cfg.DPSize
 	var b bytes.Buffer
@@ -138,8 +138,8 @@ func enginePage(f *Fleet, e int) []byte {
 		}
 	}
 	b.WriteString("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n")
-	for r := 0; r < dp; r++ {
-		fmt.Fprintf(&b, "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"%d\",num_gpu_blocks=\"%d\"} 1.0\n", r, f.cfg.CacheTokens/16)
+	for r := 0; r < dp; r++ { // vLLM's num_gpu_blocks: the sum over the server's engines
+		fmt.Fprintf(&b, "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"%d\",num_gpu_blocks=\"%d\"} 1.0\n", r, dp*f.cfg.CacheTokens/16)
 	}
 	return b.Bytes()
 }

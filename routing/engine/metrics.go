@@ -83,7 +83,8 @@ type engineNames struct {
 // the info gauge vllm:cache_config_info (value 1), one series per engine labelled with
 // CacheConfig.metrics_info() and "engine" (loggers.py, _log_info_cache_config): the
 // size in tokens is its kv_cache_size_tokens label where vLLM gives one (it counts
-// hybrid models' attention groups right), else num_gpu_blocks × block_size.
+// hybrid models' attention groups right), else num_gpu_blocks × block_size shared
+// evenly among the engines, as num_gpu_blocks is their sum.
 //
 // SGLang — sgl-project/sglang python/sglang/srt/metrics/collector.py,
 // SchedulerMetricsCollector: gauges sglang:num_running_reqs, sglang:num_queue_reqs
@@ -138,6 +139,7 @@ type engineGroupKey struct {
 type engineGroup struct {
 	running, waiting, kv, kvLegacy, cache float64
 	has                                   uint8
+	cacheWhole                            bool // cache is the whole server's (cacheInfoTokens)
 }
 
 func (g *engineGroup) set(field *float64, bit uint8, v float64) {
@@ -182,8 +184,10 @@ func ParseEngineMetrics(flavor string, text []byte, dpSize, dpRankStart int) (ma
 		dpSize = 1
 	}
 	groups := map[engineGroupKey]*engineGroup{}
+	wholeSeries := 0 // cache_config_info series that give the whole server's blocks
 	err := promtext.Scan(text, func(name []byte, labels promtext.Labels, v float64) bool {
 		var field int
+		var whole bool
 		switch string(name) {
 		case names.running:
 			field = hasRunning
@@ -197,7 +201,7 @@ func ParseEngineMetrics(flavor string, text []byte, dpSize, dpRankStart int) (ma
 			field = hasCache
 		case names.cacheInfo:
 			field = hasCache
-			if v = cacheInfoTokens(labels); v <= 0 {
+			if v, whole = cacheInfoTokens(labels); v <= 0 {
 				return true
 			}
 		default:
@@ -229,11 +233,24 @@ func ParseEngineMetrics(flavor string, text []byte, dpSize, dpRankStart int) (ma
 			g.set(&g.kvLegacy, hasKVLegacy, v)
 		case hasCache:
 			g.set(&g.cache, hasCache, v)
+			if whole {
+				g.cacheWhole = true
+				wholeSeries++
+			}
 		}
 		return true
 	})
 	if err != nil {
 		return nil, err
+	}
+	// vLLM's front end sums num_gpu_blocks over the DP engines it runs and labels every
+	// engine's series with that sum: each engine has its share.
+	if wholeSeries > 1 {
+		for _, g := range groups {
+			if g.cacheWhole {
+				g.cache /= float64(wholeSeries)
+			}
+		}
 	}
 	out := map[int]EngineFigures{}
 	add := func(rank int, g *engineGroup, share float64) {
@@ -269,17 +286,19 @@ func ParseEngineMetrics(flavor string, text []byte, dpSize, dpRankStart int) (ma
 
 // cacheInfoTokens is the KV cache's size in tokens that a vLLM cache_config_info
 // series gives in its labels (0: none that can be read, as before the cache is sized,
-// when vLLM labels it "None").
-func cacheInfoTokens(labels promtext.Labels) float64 {
+// when vLLM labels it "None"). kv_cache_size_tokens is the engine's own;
+// num_gpu_blocks × block_size is the whole server's (whole): vLLM's front end adds up
+// the blocks of every DP engine it runs (v1/engine/utils.py, wait_for_engine_startup).
+func cacheInfoTokens(labels promtext.Labels) (tokens float64, whole bool) {
 	if n, ok := labels.Int("kv_cache_size_tokens"); ok {
-		return float64(n)
+		return float64(n), false
 	}
 	blocks, ok1 := labels.Int("num_gpu_blocks")
 	size, ok2 := labels.Int("block_size")
 	if !ok1 || !ok2 {
-		return 0
+		return 0, false
 	}
-	return float64(blocks) * float64(size)
+	return float64(blocks) * float64(size), true
 }
 
 // EngineBoard keeps the latest engine figures of every target of one pool in one

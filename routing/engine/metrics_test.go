@@ -157,28 +157,43 @@ func TestEngineMetricsTRTLLM(t *testing.T) {
 
 func TestEngineMetricsCacheSize(t *testing.T) {
 	// vLLM's info gauge, one series per engine, labelled as CacheConfig.metrics_info()
-	// gives them: engine 0 with kv_cache_size_tokens (which wins over the blocks: a
-	// hybrid model's groups), engine 1 without it, engine 2 before the cache is sized.
-	vllm := `# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+	// gives them. A vLLM that labels kv_cache_size_tokens gives each engine's own (it
+	// wins over the blocks: a hybrid model's groups); num_gpu_blocks is the sum over
+	// the server's engines, on every engine's series.
+	sized := `# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",kv_cache_size_tokens="218464",num_gpu_blocks="24978",sliding_window="None"} 1.0
-vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="1",gpu_memory_utilization="0.9",num_gpu_blocks="9000",sliding_window="None"} 1.0
-vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="2",num_gpu_blocks="None"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",kv_cache_size_tokens="218464",num_gpu_blocks="49956",sliding_window="None"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="1",gpu_memory_utilization="0.9",kv_cache_size_tokens="218000",num_gpu_blocks="49956",sliding_window="None"} 1.0
 vllm:num_requests_running{engine="0",model_name="m"} 2
 vllm:num_requests_running{engine="1",model_name="m"} 1
-vllm:num_requests_running{engine="2",model_name="m"} 0
 `
-	got, err := ParseEngineMetrics(config.FlavorVLLM, []byte(vllm), 3, 0)
+	got, err := ParseEngineMetrics(config.FlavorVLLM, []byte(sized), 2, 0)
 	require.NoError(t, err)
-	require.Equal(t, map[int]EngineFigures{
-		0: {Running: 2, CacheTokens: 218464},
-		1: {Running: 1, CacheTokens: 144000},
-		2: {},
-	}, got)
-	// One target over the three engines: vLLM spreads its requests over all of them.
-	got, err = ParseEngineMetrics(config.FlavorVLLM, []byte(vllm), 1, 0)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 2, CacheTokens: 218464}, 1: {Running: 1, CacheTokens: 218000}}, got)
+	summed := `vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",num_gpu_blocks="18000"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="1",num_gpu_blocks="18000"} 1.0
+vllm:num_requests_running{engine="0",model_name="m"} 2
+vllm:num_requests_running{engine="1",model_name="m"} 1
+`
+	got, err = ParseEngineMetrics(config.FlavorVLLM, []byte(summed), 2, 0)
 	require.NoError(t, err)
-	require.Equal(t, map[int]EngineFigures{0: {Running: 3, CacheTokens: 362464}}, got)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 2, CacheTokens: 144000}, 1: {Running: 1, CacheTokens: 144000}}, got, "each engine its share of the blocks")
+	// One target over both engines: vLLM spreads its requests over all of them.
+	got, err = ParseEngineMetrics(config.FlavorVLLM, []byte(summed), 1, 0)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 3, CacheTokens: 288000}}, got)
+	got, err = ParseEngineMetrics(config.FlavorVLLM, []byte(sized), 1, 0)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {Running: 3, CacheTokens: 436464}}, got)
+	// Before the cache is sized vLLM labels it "None"; a size of 0 is none either.
+	for _, page := range []string{
+		`vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="None"} 1.0`,
+		`vllm:cache_config_info{block_size="16",engine="0",kv_cache_size_tokens="0",num_gpu_blocks="100"} 1.0`,
+	} {
+		got, err = ParseEngineMetrics(config.FlavorVLLM, []byte(page+"\nvllm:num_requests_running{engine=\"0\"} 1\n"), 1, 0)
+		require.NoError(t, err)
+		require.Equal(t, map[int]EngineFigures{0: {Running: 1}}, got, page)
+	}
 	// A page with nothing but the cache's size still says the engine's load is nil.
 	got, err = ParseEngineMetrics(config.FlavorVLLM, []byte(`vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="100"} 1`), 1, 0)
 	require.NoError(t, err)
@@ -195,12 +210,16 @@ sglang:num_running_reqs{model_name="glm",engine_type="unified",tp_rank="0",pp_ra
 	got, err = ParseEngineMetrics(config.FlavorSGLang, []byte(sglang), 2, 0)
 	require.NoError(t, err)
 	require.Equal(t, map[int]EngineFigures{0: {Running: 2, CacheTokens: 156907}, 1: {CacheTokens: 150000}}, got)
+	// Without a rank label on an endpoint of two ranks, each rank has half.
+	got, err = ParseEngineMetrics(config.FlavorSGLang, []byte(`sglang:max_total_num_tokens{model_name="glm"} 100000.0`), 2, 0)
+	require.NoError(t, err)
+	require.Equal(t, map[int]EngineFigures{0: {CacheTokens: 50000}, 1: {CacheTokens: 50000}}, got)
 
 	// TensorRT-LLM reports no size: the figures carry none, and neither does the wrong flavor's.
 	got, err = ParseEngineMetrics(config.FlavorTRTLLM, readEngineTestdata(t, "trtllm.txt"), 1, 0)
 	require.NoError(t, err)
 	require.Zero(t, got[0].CacheTokens)
-	_, err = ParseEngineMetrics(config.FlavorTRTLLM, []byte(vllm+sglang), 1, 0)
+	_, err = ParseEngineMetrics(config.FlavorTRTLLM, []byte(summed+sglang), 1, 0)
 	require.ErrorIs(t, err, ErrNoEngineFigures)
 }
 
