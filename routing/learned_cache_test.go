@@ -161,44 +161,6 @@ func TestADisaggregatedRequestTeachesNoCache(t *testing.T) {
 	}
 }
 
-func TestAnEngineReportedCacheCountsUntilOneIsLearned(t *testing.T) {
-	// As TestAHolderWhoseCacheTurnedOverHoldsNothing, with no cache configured but
-	// engine metrics on: the holder's engine reports its KV cache's size. 4000 tokens
-	// (under the 5000 written since the copy) and the copy is gone; 6000 and it is
-	// still there. A configured cache outranks the report, and a report gone stale
-	// no longer counts.
-	rng := rand.New(rand.NewSource(13))
-	doc := words(rng, 8000)
-	next := doc + words(rng, 400)
-	for _, c := range []struct {
-		name       string
-		configured string
-		reported   float64
-		staleBy    int64
-		kind       Kind
-	}{
-		{"reported under the writes", "0", 4000, 0, KindLoad},
-		{"reported above them", "0", 6000, 0, KindContinuation},
-		{"configured outranks reported", "6000", 4000, 0, KindContinuation},
-		{"reported, gone stale", "0", 4000, 5001, KindContinuation},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			clock := &fakeClock{ms: 1e6}
-			cfg := testConfig(t, `,"prefix":{"target_cache_tokens":`+c.configured+`},"balance":{"fair_share_multiplier":100},"engine_metrics":{"enabled":true,"stale_ms":5000}`)
-			r := NewRouter(cfg, state.NewMemoryStore(), clock.now)
-			first := r.Decide(textRequest(doc, 1), NoRank)
-			require.NoError(t, r.Release(first.Ticket))
-			require.NoError(t, r.PublishEngineFigures(false, first.Target.Address, map[int]engine.EngineFigures{first.Target.Rank: {CacheTokens: c.reported}}))
-			other, err := r.decode.ledger.AcquireQueued(first.Target.ID, 5000, 5000, 0, clock.ms)
-			require.NoError(t, err)
-			require.NoError(t, r.decode.ledger.Release(other, clock.now))
-			clock.ms += c.staleBy
-			d := r.Decide(textRequest(next, 2), NoRank)
-			assert.Equal(t, c.kind, d.Kind)
-		})
-	}
-}
-
 func TestAnEngineReportedCacheIsWhereTheLearningStarts(t *testing.T) {
 	// As TestAFirstChunkThatShowsACopyGoneTeachesTheCache's "gone": a continuation's
 	// first chunk shows its 5000-token-old copy gone. With nothing configured or

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/engine"
 	"github.com/kvroute/kvroute/routing/prefix"
 	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
@@ -15,22 +16,43 @@ func TestAHolderWhoseCacheTurnedOverHoldsNothing(t *testing.T) {
 	// A document is recorded on one target; then that target takes in 5000 uncached
 	// tokens of other work. With a cache of 4000 tokens per target the document's
 	// copy is gone and its continuation is placed afresh; with the capacity unknown
-	// (0) or large enough it is still a continuation there.
+	// (0) or large enough it is still a continuation there. With no cache configured
+	// and engine metrics on, the size the holder's engine reports counts the same way;
+	// a configured cache outranks it, and a report gone stale no longer counts.
 	rng := rand.New(rand.NewSource(6))
 	doc := words(rng, 8000)
 	next := doc + words(rng, 400)
 	for _, c := range []struct {
-		cache string
-		kind  Kind
-	}{{"0", KindContinuation}, {"6000", KindContinuation}, {"4000", KindLoad}} {
-		t.Run(c.cache, func(t *testing.T) {
-			cfg := testConfig(t, `,"prefix":{"target_cache_tokens":`+c.cache+`},"balance":{"fair_share_multiplier":100}`)
-			r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
+		name, cache string
+		reported    float64 // the holder's engine's report (0: engine metrics off)
+		staleBy     int64   // ms the report has aged by at the continuation
+		kind        Kind
+	}{
+		{"unknown", "0", 0, 0, KindContinuation},
+		{"configured above the writes", "6000", 0, 0, KindContinuation},
+		{"configured under them", "4000", 0, 0, KindLoad},
+		{"reported under them", "0", 4000, 0, KindLoad},
+		{"reported above them", "0", 6000, 0, KindContinuation},
+		{"configured outranks reported", "6000", 4000, 0, KindContinuation},
+		{"reported, gone stale", "0", 4000, 5001, KindContinuation},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clock := &fakeClock{ms: 1e6}
+			extra := ""
+			if c.reported > 0 {
+				extra = `,"engine_metrics":{"enabled":true,"stale_ms":5000}`
+			}
+			cfg := testConfig(t, `,"prefix":{"target_cache_tokens":`+c.cache+`},"balance":{"fair_share_multiplier":100}`+extra)
+			r := NewRouter(cfg, state.NewMemoryStore(), clock.now)
 			first := r.Decide(textRequest(doc, 1), NoRank)
 			require.NoError(t, r.Release(first.Ticket))
-			other, err := r.decode.ledger.AcquireQueued(first.Target.ID, 5000, 5000, 0, 1e6)
+			if c.reported > 0 {
+				require.NoError(t, r.PublishEngineFigures(false, first.Target.Address, map[int]engine.EngineFigures{first.Target.Rank: {CacheTokens: c.reported}}))
+			}
+			other, err := r.decode.ledger.AcquireQueued(first.Target.ID, 5000, 5000, 0, clock.ms)
 			require.NoError(t, err)
-			require.NoError(t, r.decode.ledger.Release(other, func() int64 { return 1e6 }))
+			require.NoError(t, r.decode.ledger.Release(other, clock.now))
+			clock.ms += c.staleBy
 			d := r.Decide(textRequest(next, 2), NoRank)
 			assert.Equal(t, c.kind, d.Kind)
 		})
