@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math/rand"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -127,6 +128,37 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blo
 				if tc.decision == "continuation" {
 					assert.Equal(t, "0", rank)
 				}
+			})
+		})
+	}
+}
+
+// TestALongPromptsHeadOutlivesItsTailInFilter: with a cache of 20000 tokens, a document
+// of 8000 on rank 0, then other work there. After 8000 tokens of it the document is
+// all there, and its continuation follows it; after 16000 only its first 4000 tokens
+// are (an engine evicts a request's last blocks first), too little for a
+// continuation, and the request is placed by its cost with that head counted.
+func TestALongPromptsHeadOutlivesItsTailInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":20000},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}}`
+	for _, tc := range []struct {
+		others   int // 8000-token prompts computed on rank 0 after the document
+		decision string
+	}{{1, "continuation"}, {2, "prefix"}} {
+		t.Run(strconv.Itoa(tc.others), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(26))
+				doc := prose(rng, 32000)
+				computeOn(t, h, doc, "0", 200)
+				for i := 0; i < tc.others; i++ {
+					computeOn(t, h, prose(rng, 32000), "0", 200)
+				}
+				id, _ := h.send(post("/v1/completions", completionBody(doc+prose(rng, 1600))))
+				decision, _ := h.header(id, "x-kvroute-decision")
+				rank, _ := h.header(id, "x-data-parallel-rank")
+				assert.Equal(t, tc.decision, decision)
+				assert.Equal(t, "0", rank, "the holder of the document, or of its head")
 			})
 		})
 	}

@@ -36,9 +36,14 @@ func completionBody(prompt any) string {
 	return string(b)
 }
 
+// TestChatsWithoutIDsFollowTheirHistoryInFilter: six chats without ids over three
+// endpoints, each turn back to its first turn's endpoint. The cache is stated: route
+// answers every request at once, and first chunks that come back that soon after a
+// request with a copy to use would teach a cache from times no engine gives.
 func TestChatsWithoutIDsFollowTheirHistoryInFilter(t *testing.T) {
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
-		h := startHost(t, vm, threeEndpoints)
+		h := startHost(t, vm, `{"prefix":{"target_cache_tokens":1000000},"pools":{"decode":{"endpoints":[
+	{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},{"address":"10.0.0.3:8000"}]}}}`)
 		rng := rand.New(rand.NewSource(1))
 		const chats = 6
 		hist := make([][]message, chats)

@@ -73,7 +73,8 @@ func TestALearnedCacheIsSharedByTheLedger(t *testing.T) {
 	l := NewLoadLedger(store, "kvroute", "decode", 600_000, 8)
 	one := func(l *LoadLedger, now int64) Load { return targetLoad(t, l, id, now) }
 	// A 1000-token prompt teaches the rate (10 tokens a ms); a request sent for a
-	// 4000-token copy 6000 tokens old comes back after the whole prompt's time.
+	// 4000-token copy 6000 tokens old comes back after the whole prompt's time: the
+	// cache is learned as 10000, the writes since the copy and the copy itself.
 	a, err := l.AcquireQueued(id, 1000, 1000, 1000, 1000)
 	require.NoError(t, err)
 	require.NoError(t, l.FirstChunk(&a, 1100))
@@ -81,26 +82,26 @@ func TestALearnedCacheIsSharedByTheLedger(t *testing.T) {
 	require.NoError(t, err)
 	b.Cached, b.CacheAge = 4000, 6000
 	require.NoError(t, l.FirstChunk(&b, 2410))
-	assert.Equal(t, int64(6000), one(l, 2410).Cache, "this VM sees its news at once")
+	assert.Equal(t, int64(10000), one(l, 2410).Cache, "this VM sees its news at once")
 	assert.Equal(t, int64(5100), one(l, 2410).RateTokens, "the copy was computed again: it counts in the rate")
 	require.NoError(t, l.Flush(2410))
 	other := NewLoadLedger(store, "kvroute", "decode", 600_000, 8)
-	assert.Equal(t, int64(6000), one(other, 2410).Cache, "another VM reads it from the shared key")
+	assert.Equal(t, int64(10000), one(other, 2410).Cache, "another VM reads it from the shared key")
 	require.NoError(t, l.Release(a, func() int64 { return 3000 }))
 	require.NoError(t, l.Release(b, func() int64 { return 3000 }))
 	require.NoError(t, l.Flush(3000))
-	assert.Equal(t, int64(6000), one(other, 3000).Cache, "a target without load keeps what was learned")
+	assert.Equal(t, int64(10000), one(other, 3000).Cache, "a target without load keeps what was learned")
 }
 
 func TestAFirstChunkThatShowsACopyGoneTeachesTheCache(t *testing.T) {
-	// No cache configured: every copy recorded counts as held. Document D (2000
-	// tokens) is computed on target X in 200 ms (10 tokens a ms), and document E is
-	// recorded there too. X then takes in 5000 tokens of other work, and a
+	// No cache configured: every copy recorded counts as held. Document E is
+	// recorded on target X, then document D (2000 tokens) is computed there in 200
+	// ms (10 tokens a ms). X then takes in 5000 tokens of other work, and a
 	// continuation of D goes to X for its copy. If its first chunk comes back in
 	// the time of its own 100 tokens, the copy was there and nothing is learned: E
 	// still counts as held on X. If it comes back in the whole prompt's time, the
-	// copy was gone: X's cache is learned as that copy's age, and E, older, no
-	// longer counts as held there. With a cache of 100000 tokens configured, the
+	// copy was gone: X's cache is learned as that copy's age and size, and E, older
+	// by D's 2000 tokens, no longer counts as held there, not even its head. With a cache of 100000 tokens configured, the
 	// same news takes it only a twentieth down, and E still counts as held.
 	rng := rand.New(rand.NewSource(11))
 	d, e := words(rng, 8000), words(rng, 8000)
@@ -119,7 +120,7 @@ func TestAFirstChunkThatShowsACopyGoneTeachesTheCache(t *testing.T) {
 			require.NoError(t, r.Release(first.Ticket))
 			docE := textRequest(e, 2)
 			cps, _ := prefix.HashCheckpoints(docE.Model, docE.Prompt, docE.BlockBytes, nil)
-			r.decode.index.Record(cps, x, 2000/16, 0)
+			r.decode.index.Record(cps, x, 0, 0)
 			other, err := r.decode.ledger.AcquireQueued(x, 5000, 5000, 0, clock.ms)
 			require.NoError(t, err)
 			require.NoError(t, r.decode.ledger.Release(other, clock.now))
@@ -163,13 +164,13 @@ func TestADisaggregatedRequestTeachesNoCache(t *testing.T) {
 
 func TestAnEngineReportedCacheIsWhereTheLearningStarts(t *testing.T) {
 	// As TestAFirstChunkThatShowsACopyGoneTeachesTheCache's "gone": a continuation's
-	// first chunk shows its 5000-token-old copy gone. With nothing configured or
-	// reported the cache is learned as that age; with the engine reporting 100000
-	// tokens it goes a twentieth down from there.
+	// first chunk shows its 5000-token-old copy of 1920 tokens gone. With nothing
+	// configured or reported the cache is learned as that age and size; with the
+	// engine reporting 100000 tokens it goes a twentieth down from there.
 	for _, c := range []struct {
 		reported float64
 		want     int64
-	}{{0, 5000}, {100000, 95000}} {
+	}{{0, 6920}, {100000, 95000}} {
 		rng := rand.New(rand.NewSource(11))
 		d := words(rng, 8000)
 		clock := &fakeClock{ms: 1e6}

@@ -647,7 +647,9 @@ func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 	took := max(1, nowMS-max(t.SentMS, prev[0].Chunk))
 	d := ledgerDelta{target: t.Target, epoch: t.Epoch, prefills: -1, prefill: -t.Prefill, since: nowMS, chunk: nowMS, rateTok: t.Prefill, rateMS: took}
 	if hit := cacheNews(t, took, &prev[0]); hit != 0 {
-		d.cacheHit, d.cacheAge, d.cacheStart = hit, t.CacheAge, t.CacheStart
+		// The copy's head of Cached tokens outlives the writes after it while they and
+		// it fit the cache (PrefixSearch.live): its age against the cache is both.
+		d.cacheHit, d.cacheAge, d.cacheStart = hit, t.CacheAge+t.Cached, t.CacheStart
 		if hit < 0 {
 			d.rateTok += t.Cached // the copy was computed again
 		}

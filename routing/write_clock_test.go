@@ -13,10 +13,11 @@ import (
 )
 
 func TestAHolderWhoseCacheTurnedOverHoldsNothing(t *testing.T) {
-	// A document is recorded on one target; then that target takes in 5000 uncached
-	// tokens of other work. With a cache of 4000 tokens per target the document's
-	// copy is gone and its continuation is placed afresh; with the capacity unknown
-	// (0) or large enough it is still a continuation there. With no cache configured
+	// A document of 2000 tokens is recorded on one target; then that target takes in
+	// 5000 uncached tokens of other work. With a cache of 4000 tokens per target the
+	// document's copy is gone and its continuation is placed afresh; with the capacity
+	// unknown (0) or large enough for the writes and the document (8000) it is still a
+	// continuation there. With no cache configured
 	// and engine metrics on, the size the holder's engine reports counts the same way;
 	// a configured cache outranks it, and a report gone stale no longer counts.
 	rng := rand.New(rand.NewSource(6))
@@ -29,11 +30,11 @@ func TestAHolderWhoseCacheTurnedOverHoldsNothing(t *testing.T) {
 		kind        Kind
 	}{
 		{"unknown", "0", 0, 0, KindContinuation},
-		{"configured above the writes", "6000", 0, 0, KindContinuation},
+		{"configured above the writes", "8000", 0, 0, KindContinuation},
 		{"configured under them", "4000", 0, 0, KindLoad},
 		{"reported under them", "0", 4000, 0, KindLoad},
-		{"reported above them", "0", 6000, 0, KindContinuation},
-		{"configured outranks reported", "6000", 4000, 0, KindContinuation},
+		{"reported above them", "0", 8000, 0, KindContinuation},
+		{"configured outranks reported", "8000", 4000, 0, KindContinuation},
 		{"reported, gone stale", "0", 4000, 5001, KindContinuation},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -61,10 +62,11 @@ func TestAHolderWhoseCacheTurnedOverHoldsNothing(t *testing.T) {
 
 func TestAHolderThatKeepsUsingItsCopyKeepsIt(t *testing.T) {
 	// The same, but the document is asked about again between the other work: the
-	// record refreshes the copy's clock, as the engine's LRU refreshes its blocks.
+	// record refreshes the copy's clock, as the engine's LRU refreshes its blocks. The
+	// cache (5000) holds 2500 tokens of writes and the document, never 5000 and it.
 	rng := rand.New(rand.NewSource(7))
 	doc := words(rng, 8000)
-	cfg := testConfig(t, `,"prefix":{"target_cache_tokens":4000},"balance":{"fair_share_multiplier":100}`)
+	cfg := testConfig(t, `,"prefix":{"target_cache_tokens":5000},"balance":{"fair_share_multiplier":100}`)
 	r := NewRouter(cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 	first := r.Decide(textRequest(doc, 1), NoRank)
 	require.NoError(t, r.Release(first.Ticket))

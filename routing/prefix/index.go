@@ -231,13 +231,13 @@ func (m *PrefixSearch) markFound(t uint32) {
 // recent holders. Without it every request sharing such a prefix would go to the
 // few named holders, and each would keep them named. 0 if none.
 func (m *PrefixSearch) CommonDepth() int {
-	if m.end != nil && m.full(m.end) { // deeper than any checkpoint held
+	if m.end != nil && m.full(m.end, m.endPos) { // deeper than any checkpoint held
 		return m.endPos
 	}
 	lo, hi, top := 0, len(m.cps), -1
 	for lo < hi {
 		mid := (lo + hi) / 2
-		if m.full(m.x.table.find(m.cps[mid].Hash)) {
+		if m.full(m.x.table.find(m.cps[mid].Hash), m.cps[mid].Pos) {
 			top, lo = mid, mid+1
 		} else {
 			hi = mid
@@ -249,11 +249,12 @@ func (m *PrefixSearch) CommonDepth() int {
 	return m.cps[top].Pos
 }
 
-// full reports whether e names as many live holders as an entry can.
-func (m *PrefixSearch) full(e *prefixEntry) bool {
+// full reports whether e, the checkpoint at pos, names as many live holders as an
+// entry can.
+func (m *PrefixSearch) full(e *prefixEntry, pos int) bool {
 	n := 0
 	for s := 0; e != nil && s < prefixTargetsPerEntry; s++ {
-		if t := e.targets[s]; t != 0 && m.holder(t) && m.live(e, s) {
+		if t := e.targets[s]; t != 0 && m.holder(t) && m.live(e, s, pos) {
 			n++
 		}
 	}
@@ -274,7 +275,7 @@ func (m *PrefixSearch) Next() bool {
 		e := m.x.table.find(m.cps[mid].Hash)
 		holds := false
 		for s := 0; e != nil && s < prefixTargetsPerEntry; s++ {
-			if t := e.targets[s]; t != 0 && m.fresh(t) && m.live(e, s) {
+			if t := e.targets[s]; t != 0 && m.fresh(t) && m.live(e, s, m.cps[mid].Pos) {
 				holds = true
 				break
 			}
@@ -304,7 +305,7 @@ func (m *PrefixSearch) Next() bool {
 // take adds the targets of e not found yet, holding pos blocks.
 func (m *PrefixSearch) take(e *prefixEntry, pos int) {
 	for s, t := range e.targets {
-		if t != 0 && m.fresh(t) && m.live(e, s) {
+		if t != 0 && m.fresh(t) && m.live(e, s, pos) {
 			m.found = append(m.found, PrefixMatch{Target: t, Blocks: pos, Clock: e.clocks[s]})
 			m.markFound(t)
 		}
@@ -323,7 +324,7 @@ func (m *PrefixSearch) endBetween(top int, e *prefixEntry) (pos int, found *pref
 	}
 	holders := 0
 	for s, t := range e.targets {
-		if t != 0 && m.fresh(t) && m.live(e, s) {
+		if t != 0 && m.fresh(t) && m.live(e, s, m.cps[top].Pos) {
 			holders++
 		}
 	}
@@ -338,7 +339,7 @@ func (m *PrefixSearch) endBetween(top int, e *prefixEntry) (pos int, found *pref
 	for k := len(m.gap) - 1; k >= 0; k-- {
 		e := m.x.table.find(m.gap[k])
 		for s := 0; e != nil && s < prefixTargetsPerEntry; s++ {
-			if t := e.targets[s]; t != 0 && m.fresh(t) && m.live(e, s) {
+			if t := e.targets[s]; t != 0 && m.fresh(t) && m.live(e, s, first+k) {
 				return first + k, e
 			}
 		}
@@ -346,14 +347,18 @@ func (m *PrefixSearch) endBetween(top int, e *prefixEntry) (pos int, found *pref
 	return 0, nil
 }
 
-// live reports whether slot s of e is a copy the target still holds (fresh must have
-// just answered for e.targets[s]).
-func (m *PrefixSearch) live(e *prefixEntry, s int) bool {
+// live reports whether slot s of e, the checkpoint at pos blocks, is a copy the target
+// still holds (fresh must have just answered for e.targets[s]). An engine evicts the
+// least recently used blocks first and, of one request's, the last first (vLLM frees
+// them in reverse; SGLang's radix tree evicts leaves): the first pos blocks of a
+// prompt recorded age blocks of writes ago are all there while age + pos is within
+// the cache. A long prompt's head thus outlives its tail.
+func (m *PrefixSearch) live(e *prefixEntry, s, pos int) bool {
 	if m.lastCap == 0 {
 		return true
 	}
 	age := m.lastNow - e.clocks[s]
-	return age <= m.lastCap || age >= 1<<31 // a clock read before the record: fresh
+	return age >= 1<<31 || uint64(age)+uint64(pos) <= uint64(m.lastCap) // past 2^31: a clock read before the record, fresh
 }
 
 // Record stores the prompt's checkpoints against target at its write clock, and

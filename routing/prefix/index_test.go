@@ -498,3 +498,29 @@ func TestAPreviousTurnIsLookedForOnlyBesideAnotherHolder(t *testing.T) {
 	x.Record(other.Checkpoints, 2, 0, 0)
 	assert.Equal(t, len(first)/blockBytes, depth(), "two holders: the previous turn whole")
 }
+
+// An engine evicts a request's last blocks first, so a long prompt's head outlives its
+// tail: a prompt of 400 blocks recorded at clock 0 on a target with a cache of 500
+// blocks is matched whole while no more than 100 blocks were written since, up to the
+// checkpoint within 500 − written blocks after that, and not at all past 500.
+func TestALongPromptsHeadOutlivesItsTail(t *testing.T) {
+	const blockBytes = 32
+	rng := rand.New(rand.NewSource(10))
+	known := func(t uint32) bool { return t == 1 }
+	x := NewPrefixIndex(state.NewMemoryStore(), "ns", "decode", 1<<16, 8)
+	text := randomText(rng, 400*blockBytes+5)
+	var p Prompt
+	p.Hash("m", text, blockBytes)
+	x.Record(p.Checkpoints, 1, 0, 0)
+	for _, c := range []struct{ written, want int }{{0, 400}, {100, 400}, {101, 384}, {200, 288}, {480, 20}, {499, 1}, {501, 0}} {
+		clockOf := func(uint32) (uint32, uint32) { return uint32(c.written), 500 }
+		m := x.StartPromptMatch(&p, known, clockOf)
+		for m.Next() {
+		}
+		got := 0
+		for _, f := range m.Found() {
+			got = f.Blocks
+		}
+		assert.Equal(t, c.want, got, "written %d", c.written)
+	}
+}
