@@ -224,3 +224,52 @@ func TestTRTLLMBlocksLeaveOutTheLastCodePoint(t *testing.T) {
 	r = textReq(0, 0, nil, 1, 1, strings.Repeat("a", 130))
 	assert.Len(t, r.Chain128, 2, "the partial second block counts")
 }
+
+func TestDynamoWeighsPrefillBlocksAgainstActiveBlocks(t *testing.T) {
+	p, f := newDynamoKV(3, 1), idleFleet(3)
+	doc := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+	f.assign(textReq(0, 0, doc, 8*512, 1, "d"), 0) // target 0 caches the 8 blocks
+	next := func(i int) *Request {
+		return textReq(i, 0, append(append([]uint64(nil), doc...), uint64(100+i)), 8*512+504, 1, "d")
+	}
+	// Target 0: 504 tokens to prefill (0.98 blocks) + 9 active blocks; elsewhere
+	// 4600 / 512 = 8.98 + 9.
+	assert.Equal(t, 0, p.Choose(next(1), f))
+	assert.Equal(t, 504, p.prefill[0])
+	assert.Len(t, p.active[0], 9)
+	// Another question on the document: its 8 blocks are active there already and
+	// count once (8 + 2 new, with 2 × 0.98 to prefill); still below 17.98.
+	assert.Equal(t, 0, p.Choose(next(2), f))
+	assert.Len(t, p.active[0], 10)
+	// Prefill queued there past the document's worth sends the next one elsewhere.
+	p.prefill[0] += 8 * 512
+	assert.NotEqual(t, 0, p.Choose(next(3), f))
+	// The first token takes a request's prefill off; completion frees its blocks,
+	// the shared ones only with the last request holding them.
+	p.FirstToken(next(1), 0)
+	assert.Equal(t, 504+8*512, p.prefill[0])
+	p.Done(next(1), 0)
+	assert.Len(t, p.active[0], 9)
+	p.Done(next(2), 0)
+	assert.Empty(t, p.active[0])
+	assert.Equal(t, 8*512, p.prefill[0])
+}
+
+func TestDynamoTieBreakIsRandomButSeeded(t *testing.T) {
+	pick := func(seed uint64) []int {
+		p, f := newDynamoKV(4, seed), idleFleet(4)
+		var out []int
+		for i := 0; i < 20; i++ {
+			r := textReq(i, 0, []uint64{uint64(1000 + i)}, 100, 1, "x")
+			out = append(out, p.Choose(r, f))
+			p.Done(r, out[i])
+		}
+		return out
+	}
+	assert.Equal(t, pick(7), pick(7))
+	seen := map[int]bool{}
+	for _, t := range pick(7) {
+		seen[t] = true
+	}
+	assert.Greater(t, len(seen), 1)
+}

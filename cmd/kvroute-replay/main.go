@@ -4,7 +4,8 @@
 // uncached prompt and the output, completions fed back in time order — and, through
 // the same fleet model in the same run, the baselines: round-robin, least-loaded,
 // consistent hashing, SGLang's cache-aware policy, the Gateway API Inference
-// Extension's default scorers and TensorRT-LLM's ConversationRouter. It prints the
+// Extension's default scorers, TensorRT-LLM's ConversationRouter and NVIDIA Dynamo's KV
+// router. It prints the
 // prefix hit rate against the oracles, load balance, a TTFT estimate and kvroute's
 // decision mix as a table, checks the routing-quality bar, and draws an SVG.
 //
@@ -76,7 +77,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.format, "format", "auto", "trace format: mooncake, azure, openai or auto (by content)")
 	fs.StringVar(&o.svg, "svg", "build/replay.svg", "write the chart here (\"\" for none)")
 	fs.StringVar(&o.dump, "dump", "", "write a per-request CSV (targets, hits, kvroute's decisions) here")
-	fs.StringVar(&o.policies, "policies", "all", "comma-separated: kvroute, round-robin, least-loaded, consistent-hash, sglang, gie, trtllm, or all")
+	fs.StringVar(&o.policies, "policies", "all", "comma-separated: kvroute, round-robin, least-loaded, consistent-hash, sglang, gie, trtllm, dynamo, or all")
 	fs.IntVar(&o.limit, "n", 0, "replay only the first n requests (0: all)")
 	speedList := fs.String("speed", "1", "time compression: arrivals come speed times faster; a comma-separated list (1,2) replays each")
 	fs.IntVar(&o.draws, "draws", 1, "replay every policy this many times with other tie-breaks (kvroute: request-id salts; baselines: their seeds) and report the mean and spread")
@@ -294,7 +295,7 @@ func sniffFormat(f *os.File) (string, error) {
 }
 
 // baselineNames in table order.
-var baselineNames = []string{"round-robin", "least-loaded", "consistent-hash", "sglang", "gie", "trtllm"}
+var baselineNames = []string{"round-robin", "least-loaded", "consistent-hash", "sglang", "gie", "trtllm", "dynamo"}
 
 // newBaseline builds a baseline for one draw: draw 0 is each policy's own start, and
 // a later draw moves what the policy leaves to chance or to its starting state — the
@@ -322,6 +323,8 @@ func newBaseline(name string, cfg FleetConfig, seed uint64, draw int) Policy {
 		p := newTRTLLMConversation(cfg.Targets())
 		p.rr = draw
 		return p
+	case "dynamo":
+		return newDynamoKV(cfg.Targets(), seed+uint64(draw))
 	}
 	return nil
 }
