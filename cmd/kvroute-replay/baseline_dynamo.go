@@ -51,14 +51,7 @@ func (p *dynamoKV) Choose(r *Request, f *Fleet) int {
 	var ties []int
 	best := 0.0
 	for w := 0; w < f.N(); w++ {
-		cached := 0
-		for _, b := range r.Blocks {
-			if !f.CacheHolds(w, b) {
-				break
-			}
-			cached++
-		}
-		own := max(r.InputTokens-cached*bt, 0)
+		own := p.own(r, f, w)
 		newBlocks := 0
 		for _, b := range r.Blocks {
 			if p.active[w][b] == 0 {
@@ -74,6 +67,17 @@ func (p *dynamoKV) Choose(r *Request, f *Fleet) int {
 		}
 	}
 	w := ties[p.rng.IntN(len(ties))]
+	own := p.own(r, f, w)
+	p.prefill[w] += own
+	p.pending[r.Index] = dynamoSent{worker: w, tokens: own}
+	for _, b := range r.Blocks {
+		p.active[w][b]++
+	}
+	return w
+}
+
+// own is the tokens of r that worker w would prefill: those past the prefix it caches.
+func (p *dynamoKV) own(r *Request, f *Fleet, w int) int {
 	cached := 0
 	for _, b := range r.Blocks {
 		if !f.CacheHolds(w, b) {
@@ -81,13 +85,7 @@ func (p *dynamoKV) Choose(r *Request, f *Fleet) int {
 		}
 		cached++
 	}
-	own := max(r.InputTokens-cached*bt, 0)
-	p.prefill[w] += own
-	p.pending[r.Index] = dynamoSent{worker: w, tokens: own}
-	for _, b := range r.Blocks {
-		p.active[w][b]++
-	}
-	return w
+	return max(r.InputTokens-cached*max(r.BlockTokens, 1), 0)
 }
 
 // FirstToken is MarkPrefillCompleted: the request's prefill leaves its worker's load.

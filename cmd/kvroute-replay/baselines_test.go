@@ -155,6 +155,18 @@ func TestGIEShortPromptsAreNotHashed(t *testing.T) {
 	assert.Nil(t, p.hashes(textReq(0, 0, nil, 1, 1, "short prompt")))
 }
 
+// assertSeededSpread asserts that pick gives the same targets for the same seed and
+// more than one target over its picks: a tie-break that is random but seeded.
+func assertSeededSpread(t *testing.T, pick func(seed uint64) []int) {
+	t.Helper()
+	assert.Equal(t, pick(7), pick(7))
+	seen := map[int]bool{}
+	for _, target := range pick(7) {
+		seen[target] = true
+	}
+	assert.Greater(t, len(seen), 1)
+}
+
 func TestGIETieBreakIsRandomButSeeded(t *testing.T) {
 	pick := func(seed uint64) []int {
 		p, f := newGIEDefaultScorers(4, seed), idleFleet(4)
@@ -165,12 +177,7 @@ func TestGIETieBreakIsRandomButSeeded(t *testing.T) {
 		}
 		return out
 	}
-	assert.Equal(t, pick(7), pick(7))
-	seen := map[int]bool{}
-	for _, t := range pick(7) {
-		seen[t] = true
-	}
-	assert.Greater(t, len(seen), 1)
+	assertSeededSpread(t, pick)
 }
 
 func TestTRTLLMExplicitConversationIsSticky(t *testing.T) {
@@ -266,10 +273,5 @@ func TestDynamoTieBreakIsRandomButSeeded(t *testing.T) {
 		}
 		return out
 	}
-	assert.Equal(t, pick(7), pick(7))
-	seen := map[int]bool{}
-	for _, t := range pick(7) {
-		seen[t] = true
-	}
-	assert.Greater(t, len(seen), 1)
+	assertSeededSpread(t, pick)
 }
