@@ -15,8 +15,8 @@ import (
 // first response chunk has not come back yet: the prefill work queued or running
 // there, which a new request waits behind. Each target also keeps a write clock: the
 // uncached tokens of every request ever sent there, i.e. how much its KV cache has
-// had to take in — a prefix written there longer ago than the cache holds has been
-// evicted (see prefix.PrefixIndex). And each target keeps what is needed to estimate how
+// had to take in — a prefix's first p tokens written there longer ago than the cache
+// holds less p have been evicted (see prefix.PrefixIndex). And each target keeps what is needed to estimate how
 // much of its queued prefill is still ahead of a new request (Load.PrefillAhead): when
 // the queue was last known to be all ahead — a first chunk (the prefill before is
 // over, the next starts) or a request sent to a drained queue — and the prefill rate
@@ -25,8 +25,8 @@ import (
 // uncached tokens and the requests sent there lately, halved every recentHalfLifeMS,
 // which say how busy its prefill has been beyond what is queued there now (a new
 // conversation placed there brings its later turns to that same queue). And each
-// target keeps its cache as its first chunks have shown it (learnCache): how far its
-// write clock may move on before a copy recorded there is gone. Load is
+// target keeps its cache as its first chunks have shown it (learnCache): how much its
+// write clock may move on, with a copy's own tokens, before the copy is gone. Load is
 // counted in time slots of
 // lease/ledgerSlots: a request adds to the slot of its start time and its release
 // takes from that same slot, and slots older than the lease are dropped. So a
@@ -671,7 +671,9 @@ func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
 }
 
 // learnCache is a target's learned cache after the news of one first chunk, starting
-// from the configured one (0: unknown) when nothing is learned yet. A copy found gone younger
+// from the configured one (the ticket's, configured or engine-reported; 0: unknown)
+// when nothing is learned yet. A copy's age is the writes since it plus its own tokens
+// (FirstChunk). A copy found gone younger
 // than the cache takes it a twentieth down, never below that copy's age (the first
 // such news, with no cache configured, sets it there); a copy found there older
 // than 4/5 of the cache takes it a tenth up, at least to that copy's age. Down is

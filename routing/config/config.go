@@ -129,7 +129,7 @@ type PrefixConfig struct {
 	ContinuationThreshold float64 // share of blocks one target must hold for a request to follow them
 	SkipBlocks            int     // leading blocks the continuation test ignores (a shared system prompt)
 	CapacityBlocks        int     // prefix index entries per pool in each VM
-	TargetCacheTokens     int64   // one target's prefix KV cache in tokens, where learning it from first chunks starts; 0: unknown. A holder whose target has written more than its cache since it recorded a prefix no longer holds it
+	TargetCacheTokens     int64   // one target's prefix KV cache in tokens, where learning it from first chunks starts; 0: the size the engine reports with engine metrics on, else unknown. A holder keeps a prefix's first p tokens while its writes since recording it plus p fit its cache
 }
 
 // Load metrics (balance.load_metric).
@@ -179,7 +179,7 @@ const (
 
 // EngineMetricsConfig is load read from the engines' own Prometheus pages.
 type EngineMetricsConfig struct {
-	Enabled    bool   // scrape every endpoint and count its running + waiting requests as load
+	Enabled    bool   // scrape every endpoint, count its running + waiting requests as load and, with prefix.target_cache_tokens unset, take its KV cache's size
 	Flavor     string // whose metric names to read: a Flavor* value
 	Cluster    string // Envoy cluster scrapes go through, honouring the destination header
 	Path       string // the scrape path

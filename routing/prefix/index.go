@@ -71,11 +71,11 @@ func (x *PrefixIndex) StartMatch(cps []Checkpoint, known func(uint32) bool) *Pre
 	return x.StartMatchLive(cps, known, nil)
 }
 
-// StartMatchLive is StartMatch that also drops evicted copies: a target whose write
-// clock has moved on by more than its cache since it recorded a prefix no longer
-// holds it (its cache has taken in more than it holds since; an LRU cache has evicted
-// the prefix unless something else kept it warm). clockOf gives a target's clock and
-// cache; a target whose cache is 0 (unknown) keeps every copy.
+// StartMatchLive is StartMatch that also drops evicted copies: a target holds the
+// first p blocks of a prefix while its write clock has moved on, since it recorded the
+// prefix, by no more than its cache less p (an LRU cache evicts the least recently
+// used blocks first, a request's last ones first: see live). clockOf gives a
+// target's clock and cache; a target whose cache is 0 (unknown) keeps every copy.
 func (x *PrefixIndex) StartMatchLive(cps []Checkpoint, known func(uint32) bool, clockOf func(uint32) (uint32, uint32)) *PrefixSearch {
 	// Field by field: in wasm a struct literal is zeroed and copied by host calls.
 	// ids, state and now need no reset: only their first nids count.

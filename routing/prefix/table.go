@@ -23,7 +23,8 @@ type prefixEntry struct {
 	hash    uint64
 	targets [prefixTargetsPerEntry]uint32 // 0 marks an empty slot
 	// clocks[s] is targets[s]'s write clock when it last recorded the prefix: once
-	// the clock has moved on by more than the target's cache holds, the copy is gone.
+	// the clock has moved on by more than the target's cache holds less the prefix,
+	// the copy is gone (PrefixSearch.live).
 	clocks [prefixTargetsPerEntry]uint32
 	stamp  uint32 // 0 marks an empty entry
 	// Since heatFrom (in heatUnitMS units, wrapping) the requests whose deepest match
