@@ -2,6 +2,7 @@ package routing
 
 import (
 	"math/rand"
+	"strconv"
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/engine"
@@ -41,11 +42,11 @@ func TestCacheNewsOfAFirstChunk(t *testing.T) {
 
 func TestLearnCache(t *testing.T) {
 	type news struct {
-		configured int64
-		d          *ledgerDelta
+		limit int64
+		d     *ledgerDelta
 	}
-	miss := func(age, configured int64) news { return news{configured, &ledgerDelta{cacheHit: -1, cacheAge: age}} }
-	hit := func(age, configured int64) news { return news{configured, &ledgerDelta{cacheHit: 1, cacheAge: age}} }
+	miss := func(age, limit int64) news { return news{limit, &ledgerDelta{cacheHit: -1, cacheAge: age}} }
+	hit := func(age, limit int64) news { return news{limit, &ledgerDelta{cacheHit: 1, cacheAge: age}} }
 	for _, c := range []struct {
 		name  string
 		cache int64
@@ -53,16 +54,20 @@ func TestLearnCache(t *testing.T) {
 		want  int64
 	}{
 		{"nothing known, a copy gone: the cache is its age", 0, miss(5000, 0), 5000},
-		{"nothing learned, a copy gone under the configured cache: a twentieth down", 0, miss(5000, 8000), 7600},
+		{"nothing learned, a copy gone under the stated cache: a twentieth down", 0, miss(5000, 8000), 7600},
 		{"a copy gone just under the cache: down to its age at most", 8000, miss(7900, 0), 7900},
 		{"a copy gone older than the cache: nothing new", 8000, miss(9000, 0), 8000},
 		{"a copy there near the cache: a tenth up", 8000, hit(7000, 0), 8800},
 		{"a copy there older than the cache: up to its age", 8000, hit(9500, 0), 9500},
 		{"a copy there far under the cache: nothing new", 8000, hit(3000, 0), 8000},
 		{"nothing known, a copy there: still nothing known", 0, hit(3000, 0), 0},
+		{"a copy there near the stated cache: up to it, no further", 8000, hit(7000, 8500), 8500},
+		{"a copy there older than the stated cache: the stated cache", 8000, hit(9500, 8500), 8500},
+		{"a learned cache over a smaller report: the report", 9000, hit(3000, 8000), 8000},
+		{"a learned cache over a smaller report, a copy gone: a twentieth down from it", 9000, miss(7000, 8000), 7600},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			assert.Equal(t, c.want, learnCache(c.cache, c.news.configured, c.news.d))
+			assert.Equal(t, c.want, learnCache(c.cache, c.news.limit, c.news.d))
 		})
 	}
 }
@@ -133,6 +138,7 @@ func TestAFirstChunkThatShowsACopyGoneTeachesTheCache(t *testing.T) {
 			// 125 blocks), its age in whole blocks.
 			assert.Equal(t, int64(1920), next.Ticket.Cached)
 			assert.InDelta(t, 5000, next.Ticket.CacheAge, 16)
+			assert.Equal(t, c.cache, strconv.FormatInt(next.Ticket.CacheLimit, 10), "the stated cache bounds the learning")
 			clock.ms += c.took
 			require.NoError(t, r.FirstChunk(&next.Ticket))
 			require.NoError(t, r.Release(next.Ticket))
@@ -166,7 +172,8 @@ func TestAnEngineReportedCacheIsWhereTheLearningStarts(t *testing.T) {
 	// As TestAFirstChunkThatShowsACopyGoneTeachesTheCache's "gone": a continuation's
 	// first chunk shows its 5000-token-old copy of 1920 tokens gone. With nothing
 	// configured or reported the cache is learned as that age and size; with the
-	// engine reporting 100000 tokens it goes a twentieth down from there.
+	// engine reporting 100000 tokens it goes a twentieth down from there, and the
+	// report stays the most it may learn.
 	for _, c := range []struct {
 		reported float64
 		want     int64
@@ -191,7 +198,7 @@ func TestAnEngineReportedCacheIsWhereTheLearningStarts(t *testing.T) {
 		clock.ms += 1000
 		next := r.Decide(textRequest(d+words(rng, 400), 3), NoRank)
 		require.Equal(t, x, next.Target.ID)
-		assert.Equal(t, int64(c.reported), next.Ticket.CacheStart)
+		assert.Equal(t, int64(c.reported), next.Ticket.CacheLimit)
 		clock.ms += 210
 		require.NoError(t, r.FirstChunk(&next.Ticket))
 		learned := targetLoad(t, r.decode.ledger, x, clock.ms).Cache
@@ -200,10 +207,18 @@ func TestAnEngineReportedCacheIsWhereTheLearningStarts(t *testing.T) {
 		require.NoError(t, r.decode.ledger.Flush(clock.ms))
 		peer := NewRouter(cfg, store, clock.now)
 		assert.InDelta(t, c.want, targetLoad(t, peer.decode.ledger, x, clock.ms).Cache, 16, "reported %v, another VM", c.reported)
-		// Once learned, the cache is the learned one, whatever the engine reports.
-		require.NoError(t, r.PublishEngineFigures(false, first.Target.Address, map[int]engine.EngineFigures{first.Target.Rank: {CacheTokens: 300000}}))
-		v, err := r.view(r.decode, NoRank, clock.ms)
-		require.NoError(t, err)
-		assert.InDelta(t, c.want, v.loads[r.decode.targets.Index(x)].Cache, 16, "reported %v, then 300000", c.reported)
+		// The next decision still takes the reported size as the most it may learn.
+		again := r.Decide(textRequest(d+words(rng, 800), 4), NoRank)
+		require.Equal(t, x, again.Target.ID)
+		assert.Equal(t, int64(c.reported), again.Ticket.CacheLimit, "reported %v, learned %v", c.reported, learned)
+		// Once learned, the cache is the learned one while the engine reports more,
+		// and the engine's size when it reports less: it never holds more.
+		for _, later := range []struct{ reported, want float64 }{{300000, float64(c.want)}, {4000, 4000}} {
+			require.NoError(t, r.PublishEngineFigures(false, first.Target.Address, map[int]engine.EngineFigures{first.Target.Rank: {CacheTokens: later.reported}}))
+			clock.ms += engineReadMS
+			v, err := r.view(r.decode, NoRank, clock.ms)
+			require.NoError(t, err)
+			assert.InDelta(t, later.want, v.loads[r.decode.targets.Index(x)].Cache, 16, "reported %v, then %v", c.reported, later.reported)
+		}
 	}
 }

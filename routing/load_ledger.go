@@ -48,7 +48,7 @@ type LoadLedger struct {
 	slotMS  int64
 
 	// configuredCache is prefix.target_cache_tokens: where a target's learned cache
-	// starts (0: unknown).
+	// starts and the most it learns (0: unknown).
 	configuredCache int64
 
 	// keepClock says whether a target's write clock is kept once it carries no load
@@ -78,10 +78,10 @@ type ledgerDelta struct {
 	recent, recentSent, recentEpoch int64
 	// a first chunk's news of the target's cache (its epoch is ignored): cacheHit
 	// +1 if a copy cacheAge tokens old was still there, -1 if it was gone;
-	// cacheStart is the cache the sender took the target to have (0: configuredCache)
+	// cacheLimit is the cache's stated or reported size (0: configuredCache)
 	cacheHit   int8
 	cacheAge   int64
-	cacheStart int64
+	cacheLimit int64
 }
 
 // ledgerBatch is how many acquires and releases a VM holds before it writes them.
@@ -151,12 +151,13 @@ type Load struct {
 	Cache int64
 }
 
-// CacheOr is the target's cache: the learned one, else configured (0: unknown).
-func (l *Load) CacheOr(configured int64) int64 {
-	if l.Cache > 0 {
+// CacheOr is the target's cache: the learned one, at most limit (the size stated or
+// reported), else limit (0: unknown).
+func (l *Load) CacheOr(limit int64) int64 {
+	if l.Cache > 0 && (limit <= 0 || l.Cache < limit) {
 		return l.Cache
 	}
-	return configured
+	return limit
 }
 
 // PrefillAhead estimates the queued prefill tokens still ahead of a request sent
@@ -227,9 +228,10 @@ type LoadTicket struct {
 	// in a copy CacheAge write-clock tokens old. Its first chunk says whether the
 	// copy was there.
 	Cached, CacheAge int64
-	// CacheStart is the target's cache as the decision took it (learned, reported by
-	// the engine or configured): where the learning starts if nothing is learned yet.
-	CacheStart int64
+	// CacheLimit is the target's cache as prefix.target_cache_tokens states it or,
+	// unset, as its engine reported it to the decision (0: unknown): where the
+	// learning starts and the most it learns.
+	CacheLimit int64
 	Valid      bool
 }
 
@@ -414,7 +416,7 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 			l.Recent += decayed(d.recent, d.recentEpoch, nowEpoch)
 			l.RecentSent += decayed(d.recentSent, d.recentEpoch, nowEpoch)
 			if d.cacheHit != 0 {
-				l.Cache = learnCache(l.Cache, cmp.Or(d.cacheStart, configured), &d)
+				l.Cache = learnCache(l.Cache, cmp.Or(d.cacheLimit, configured), &d)
 			}
 		}
 		if i >= 0 && d.epoch > oldest {
@@ -490,7 +492,7 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest, configured
 			e.recent, e.recentSent, e.recentEpoch = addRecent(e.recent, e.recentSent, e.recentEpoch, d.recent, d.recentSent, d.recentEpoch)
 		}
 		if d.cacheHit != 0 {
-			e.cache = learnCache(e.cache, cmp.Or(d.cacheStart, configuredCache), &d)
+			e.cache = learnCache(e.cache, cmp.Or(d.cacheLimit, configuredCache), &d)
 		}
 		if d.epoch <= oldest {
 			continue
@@ -649,7 +651,7 @@ func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 	if hit := cacheNews(t, took, &prev[0]); hit != 0 {
 		// The copy's head of Cached tokens outlives the writes after it while they and
 		// it fit the cache (PrefixSearch.live): its age against the cache is both.
-		d.cacheHit, d.cacheAge, d.cacheStart = hit, t.CacheAge+t.Cached, t.CacheStart
+		d.cacheHit, d.cacheAge, d.cacheLimit = hit, t.CacheAge+t.Cached, t.CacheLimit
 		if hit < 0 {
 			d.rateTok += t.Cached // the copy was computed again
 		}
@@ -670,20 +672,23 @@ func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
 	return l.note(&d, now)
 }
 
-// learnCache is a target's learned cache after the news of one first chunk, starting
-// from the configured one (the ticket's, configured or engine-reported; 0: unknown)
-// when nothing is learned yet. A copy's age is the writes since it plus its own tokens
-// (FirstChunk). A copy found gone younger
-// than the cache takes it a twentieth down, never below that copy's age (the first
-// such news, with no cache configured, sets it there); a copy found there older
-// than 4/5 of the cache takes it a tenth up, at least to that copy's age. Down is
-// slower than up: counting a gone copy as held costs one wait in its queue, while
-// counting a held one as gone sends its turns elsewhere to compute it again, and
-// their later turns with them. So the cache settles just above the oldest copies
-// that are still there, and one misjudged chunk moves it little.
-func learnCache(cache, configured int64, d *ledgerDelta) int64 {
-	if cache <= 0 {
-		cache = configured
+// learnCache is a target's learned cache after the news of one first chunk. limit is
+// the size stated or reported (0: unknown): the learning starts there when nothing is
+// learned yet, and never goes above it. A copy's age is the writes since it plus its
+// own tokens (FirstChunk). A copy found gone younger than the cache takes it a
+// twentieth down, never below that copy's age (the first such news, with no size
+// known, sets it there); a copy found there older than 4/5 of the cache takes it a
+// tenth up, at least to that copy's age. Down is slower than up: counting a gone copy
+// as held costs one wait in its queue, while counting a held one as gone sends its
+// turns elsewhere to compute it again, and their later turns with them. So the cache
+// settles just above the oldest copies that are still there, and one misjudged chunk
+// moves it little. The limit stops that drift where the engine's cache ends: the
+// write clock misses some writes and counts some hits as writes, so copies can look
+// older than they are, but no engine holds more than its cache, and a long prompt
+// sent for a copy it no longer has is a whole prefill queued where none was counted.
+func learnCache(cache, limit int64, d *ledgerDelta) int64 {
+	if cache <= 0 || limit > 0 && cache > limit {
+		cache = limit
 	}
 	switch {
 	case d.cacheHit < 0 && (cache <= 0 || d.cacheAge < cache):
@@ -692,7 +697,10 @@ func learnCache(cache, configured int64, d *ledgerDelta) int64 {
 		}
 		return max(d.cacheAge, cache-cache/20)
 	case d.cacheHit > 0 && cache > 0 && d.cacheAge*5 >= cache*4:
-		return max(d.cacheAge, cache+cache/10)
+		if up := max(d.cacheAge, cache+cache/10); limit <= 0 || up < limit {
+			return up
+		}
+		return limit
 	}
 	return cache
 }

@@ -278,9 +278,9 @@ const engineReadMS = 100
 // its load is the larger of the ledger's and the engine's running + waiting requests.
 // Engines report requests, not tokens; the extra requests are counted at the tokens per
 // request of the ledger's own (the target's, else the pool's), so the token-based cost
-// sees them too. A cache size the engine reports is the target's cache until its first
-// chunks have taught one, unless prefix.target_cache_tokens sets it. A board that
-// cannot be read leaves the ledger's figures.
+// sees them too. Unless prefix.target_cache_tokens is set, a cache size the engine
+// reports is the target's cache until its first chunks have taught a smaller one. A
+// board that cannot be read leaves the ledger's figures.
 func (r *Router) addEngineLoad(p *poolState, v *poolView, nowMS int64) {
 	if nowMS-p.engineReadAt >= engineReadMS || nowMS < p.engineReadAt {
 		if err := p.engine.ReadInto(p.engineFigures, nowMS, r.cfg.EngineMetrics.StaleMS); err != nil {
@@ -294,8 +294,8 @@ func (r *Router) addEngineLoad(p *poolState, v *poolView, nowMS int64) {
 	ts := p.targets.Targets
 	if r.cfg.Prefix.TargetCacheTokens <= 0 {
 		for i := range ts {
-			if f, ok := p.engineFigures[ts[i].ID]; ok && v.loads[i].Cache <= 0 && f.CacheTokens >= 1 {
-				v.loads[i].Cache = int64(f.CacheTokens)
+			if f, ok := p.engineFigures[ts[i].ID]; ok && f.CacheTokens >= 1 {
+				v.loads[i].Cache = v.loads[i].CacheOr(int64(f.CacheTokens))
 			}
 		}
 	}
@@ -659,10 +659,22 @@ func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int
 	err = p.ledger.acquireInto(ticket, id, int64(req.Tokens), uncached, since, nowMS)
 	if age >= 0 {
 		ticket.Cached, ticket.CacheAge = int64(matched), age
-		ticket.CacheStart = v.loads[choice].CacheOr(r.cfg.Prefix.TargetCacheTokens)
+		ticket.CacheLimit = r.cacheLimit(p, id)
 	}
 	// An error leaves the load held in the batch all the same.
 	return kind, matched, err != nil, nil
+}
+
+// cacheLimit is the most target id's cache holds, in tokens: prefix.target_cache_tokens,
+// else the size its engine reports while fresh (0: unknown).
+func (r *Router) cacheLimit(p *poolState, id uint64) int64 {
+	if r.cfg.Prefix.TargetCacheTokens > 0 {
+		return r.cfg.Prefix.TargetCacheTokens
+	}
+	if f, ok := p.engineFigures[id]; ok && f.CacheTokens >= 1 {
+		return int64(f.CacheTokens)
+	}
+	return 0
 }
 
 // copyAge is how much target choice has written since it recorded the copy of the

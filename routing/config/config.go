@@ -129,7 +129,7 @@ type PrefixConfig struct {
 	ContinuationThreshold float64 // share of blocks one target must hold for a request to follow them
 	SkipBlocks            int     // leading blocks the continuation test ignores (a shared system prompt)
 	CapacityBlocks        int     // prefix index entries per pool in each VM
-	TargetCacheTokens     int64   // one target's prefix KV cache in tokens, where learning it from first chunks starts; 0: the size the engine reports with engine metrics on, else unknown. A holder keeps a prefix's first p tokens while its writes since recording it plus p fit its cache
+	TargetCacheTokens     int64   // one target's prefix KV cache in tokens, where learning it from first chunks starts and the most it learns; 0: the size the engine reports with engine metrics on, else unknown. A holder keeps a prefix's first p tokens while its writes since recording it plus p fit its cache
 }
 
 // Load metrics (balance.load_metric).
