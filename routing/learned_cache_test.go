@@ -65,6 +65,8 @@ func TestLearnCache(t *testing.T) {
 		{"a copy there older than the stated cache: the stated cache", 8000, hit(9500, 8500), 8500},
 		{"a learned cache over a smaller report: the report", 9000, hit(3000, 8000), 8000},
 		{"a learned cache over a smaller report, a copy gone: a twentieth down from it", 9000, miss(7000, 8000), 7600},
+		{"a learned cache over a smaller report, a copy gone older than it: the report", 9000, miss(8500, 8000), 8000},
+		{"a copy there near the cache, the stated one larger: a tenth up", 8000, hit(7000, 10000), 8800},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			assert.Equal(t, c.want, learnCache(c.cache, c.news.limit, c.news.d))
@@ -96,6 +98,45 @@ func TestALearnedCacheIsSharedByTheLedger(t *testing.T) {
 	require.NoError(t, l.Release(b, func() int64 { return 3000 }))
 	require.NoError(t, l.Flush(3000))
 	assert.Equal(t, int64(10000), one(other, 3000).Cache, "a target without load keeps what was learned")
+}
+
+func TestACopyThereNeverTakesTheCacheOverItsLimit(t *testing.T) {
+	// A 1000-token prompt teaches the rate (10 tokens a ms); a request sent for a
+	// 4000-token copy 5000 tokens old comes back in its own tokens' time: the copy,
+	// 9000 tokens with the writes since, was there, past 4/5 of a 10000-token cache.
+	// Learning takes the cache a tenth up, unless 10000 is the size stated (the
+	// ledger's) or reported (the ticket's): then it stays there.
+	const id = 42
+	for _, c := range []struct {
+		name              string
+		configured, limit int64
+		want              int64
+	}{{"stated", 10000, 0, 10000}, {"reported", 0, 10000, 10000}, {"learned from a first copy gone, no size known", 0, 0, 11000}} {
+		t.Run(c.name, func(t *testing.T) {
+			store := state.NewMemoryStore()
+			l := NewLoadLedger(store, "kvroute", "decode", 600_000, 8)
+			l.configuredCache = c.configured
+			a, err := l.AcquireQueued(id, 1000, 1000, 1000, 1000)
+			require.NoError(t, err)
+			require.NoError(t, l.FirstChunk(&a, 1100))
+			if c.configured == 0 && c.limit == 0 {
+				// No size known: a copy found gone 10000 tokens old teaches one.
+				g, err := l.AcquireQueued(id, 4100, 100, 0, 1200)
+				require.NoError(t, err)
+				g.Cached, g.CacheAge = 4000, 6000
+				require.NoError(t, l.FirstChunk(&g, 1610))
+				require.Equal(t, int64(10000), targetLoad(t, l, id, 1610).Cache)
+			}
+			b, err := l.AcquireQueued(id, 4100, 100, 0, 2000)
+			require.NoError(t, err)
+			b.Cached, b.CacheAge, b.CacheLimit = 4000, 5000, c.limit
+			require.NoError(t, l.FirstChunk(&b, 2012))
+			assert.Equal(t, c.want, targetLoad(t, l, id, 2012).Cache)
+			require.NoError(t, l.Flush(2012))
+			other := NewLoadLedger(store, "kvroute", "decode", 600_000, 8)
+			assert.Equal(t, c.want, targetLoad(t, other, id, 2012).Cache, "in the shared key")
+		})
+	}
 }
 
 func TestAFirstChunkThatShowsACopyGoneTeachesTheCache(t *testing.T) {
@@ -173,11 +214,13 @@ func TestAnEngineReportedCacheIsWhereTheLearningStarts(t *testing.T) {
 	// first chunk shows its 5000-token-old copy of 1920 tokens gone. With nothing
 	// configured or reported the cache is learned as that age and size; with the
 	// engine reporting 100000 tokens it goes a twentieth down from there, and the
-	// report stays the most it may learn.
+	// report stays the most it may learn. A report that comes after the decision,
+	// before its first chunk, bounds the news all the same.
 	for _, c := range []struct {
 		reported float64
+		late     bool
 		want     int64
-	}{{0, 6920}, {100000, 95000}} {
+	}{{0, false, 6920}, {100000, false, 95000}, {100000, true, 95000}} {
 		rng := rand.New(rand.NewSource(11))
 		d := words(rng, 8000)
 		clock := &fakeClock{ms: 1e6}
@@ -189,8 +232,11 @@ func TestAnEngineReportedCacheIsWhereTheLearningStarts(t *testing.T) {
 		clock.ms += 200
 		require.NoError(t, r.FirstChunk(&first.Ticket))
 		require.NoError(t, r.Release(first.Ticket))
-		if c.reported > 0 {
+		report := func() {
 			require.NoError(t, r.PublishEngineFigures(false, first.Target.Address, map[int]engine.EngineFigures{first.Target.Rank: {CacheTokens: c.reported}}))
+		}
+		if c.reported > 0 && !c.late {
+			report()
 		}
 		other, err := r.decode.ledger.AcquireQueued(x, 5000, 5000, 0, clock.ms)
 		require.NoError(t, err)
@@ -198,7 +244,16 @@ func TestAnEngineReportedCacheIsWhereTheLearningStarts(t *testing.T) {
 		clock.ms += 1000
 		next := r.Decide(textRequest(d+words(rng, 400), 3), NoRank)
 		require.Equal(t, x, next.Target.ID)
-		assert.Equal(t, int64(c.reported), next.Ticket.CacheLimit)
+		if c.late {
+			assert.Zero(t, next.Ticket.CacheLimit)
+			report()
+			// Another request's decision reads the board.
+			clock.ms += engineReadMS
+			unrelated := r.Decide(textRequest(words(rng, 300), 5), NoRank)
+			require.NoError(t, r.Release(unrelated.Ticket))
+		} else {
+			assert.Equal(t, int64(c.reported), next.Ticket.CacheLimit)
+		}
 		clock.ms += 210
 		require.NoError(t, r.FirstChunk(&next.Ticket))
 		learned := targetLoad(t, r.decode.ledger, x, clock.ms).Cache

@@ -148,6 +148,7 @@ type Load struct {
 
 	// Cache is the target's prefix cache as its first chunks have shown it, in
 	// write-clock tokens: a copy recorded longer ago is gone (0: not learned yet).
+	// In a view it is at most the size the engine reports while fresh.
 	Cache int64
 }
 
@@ -467,7 +468,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 
 // applyDeltas adds deltas to entries, slot by slot, never below zero; deltas to
 // slots at or before oldest have expired and are dropped. A target's learned cache
-// starts from configuredCache.
+// starts from, and stays at or under, the delta's cacheLimit, else configuredCache.
 func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest, configuredCache int64) []ledgerEntry {
 	for _, d := range deltas {
 		if d.epoch <= oldest && d.written == 0 && d.recentSent == 0 && !d.progress() && d.cacheHit == 0 {

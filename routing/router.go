@@ -1195,6 +1195,13 @@ func (r *Router) FirstChunk(t *LoadTicket) error {
 	if !t.Valid {
 		return nil
 	}
+	if t.Cached > 0 {
+		// A size stated or reported since the decision bounds its news too: the
+		// first scrape often comes after a fleet's first requests.
+		if limit := r.cacheLimit(r.decode, t.Target); limit > 0 {
+			t.CacheLimit = limit
+		}
+	}
 	return r.decode.ledger.FirstChunk(t, r.now())
 }
 

@@ -179,7 +179,7 @@ const (
 
 // EngineMetricsConfig is load read from the engines' own Prometheus pages.
 type EngineMetricsConfig struct {
-	Enabled    bool   // scrape every endpoint, count its running + waiting requests as load and, with prefix.target_cache_tokens unset, take its KV cache's size
+	Enabled    bool   // scrape every endpoint, count its running + waiting requests as load and, with prefix.target_cache_tokens unset, take its KV cache's size as the target's cache and the most it learns
 	Flavor     string // whose metric names to read: a Flavor* value
 	Cluster    string // Envoy cluster scrapes go through, honouring the destination header
 	Path       string // the scrape path
