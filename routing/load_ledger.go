@@ -684,9 +684,10 @@ func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
 // turns elsewhere to compute it again, and their later turns with them. So the cache
 // settles just above the oldest copies that are still there, and one misjudged chunk
 // moves it little. The limit stops that drift where the engine's cache ends: the
-// write clock misses some writes and counts some hits as writes, so copies can look
-// older than they are, but no engine holds more than its cache, and a long prompt
-// sent for a copy it no longer has is a whole prefill queued where none was counted.
+// write clock counts as writes some tokens the engine found cached, so copies can look
+// older than they are and the learning would follow them past it; but no engine holds
+// more than its cache, and a long prompt sent for a copy it no longer has is a whole
+// prefill queued where none was counted.
 func learnCache(cache, limit int64, d *ledgerDelta) int64 {
 	if cache <= 0 || limit > 0 && cache > limit {
 		cache = limit
