@@ -671,6 +671,9 @@ func (r *Router) cacheLimit(p *poolState, id uint64) int64 {
 	if r.cfg.Prefix.TargetCacheTokens > 0 {
 		return r.cfg.Prefix.TargetCacheTokens
 	}
+	if len(p.engineFigures) == 0 { // no engine metrics: spare the map's call
+		return 0
+	}
 	if f, ok := p.engineFigures[id]; ok && f.CacheTokens >= 1 {
 		return int64(f.CacheTokens)
 	}
