@@ -164,42 +164,57 @@ func TestALongPromptsHeadOutlivesItsTailInFilter(t *testing.T) {
 	}
 }
 
-// TestACopyThereNeverTakesAStatedCacheHigherInFilter: with a cache of 40000 tokens
-// stated, document E (8000 tokens) is computed on rank 0, then 32000 tokens of other
-// work; E's continuation comes back in its own tokens' time, so E's copy, about 40000
-// tokens old with itself, was there: past 4/5 of the cache, which learning would take
-// a tenth up. Then document F, then 34600 tokens of other work: F's copy needs 42600
-// tokens to be whole. Held to the stated 40000, rank 0 keeps only F's first 5400
+// TestACopyThereNeverTakesTheCacheHigherInFilter: with a cache of 40000 tokens a rank
+// stated, or reported by vLLM (5000 blocks of 16 summed over the server's two
+// engines), document E (8000 tokens) is computed on rank 0, then 32000 tokens of
+// other work; E's continuation comes back in its own tokens' time, so E's copy, about
+// 40000 tokens old with itself, was there: past 4/5 of the cache, which learning
+// would take a tenth up. Then document F, then 34600 tokens of other work: F's copy
+// needs 42600 tokens to be whole. Held to 40000, rank 0 keeps only F's first 5400
 // tokens, too few for a continuation, and F's next turn is placed by its cost; at
 // 44000 the whole copy would count, and the turn would follow it as a continuation.
-func TestACopyThereNeverTakesAStatedCacheHigherInFilter(t *testing.T) {
-	const cfg = `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":40000},
-		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}}`
-	bothVMs(t, func(t *testing.T, vm types.VMContext) {
-		h := startHost(t, vm, cfg)
-		rng := rand.New(rand.NewSource(27))
-		e, f := prose(rng, 32000), prose(rng, 32000)
-		// At 40 tokens a ms, as the first documents teach the rate.
-		computeOn(t, h, e, "0", 200)
-		for i := 0; i < 4; i++ {
-			computeOn(t, h, prose(rng, 32000), "0", 200)
-		}
-		id, _ := h.send(post("/v1/completions", completionBody(e+prose(rng, 4000))))
-		decision, _ := h.header(id, "x-kvroute-decision")
-		rank, _ := h.header(id, "x-data-parallel-rank")
-		require.Equal(t, "continuation", decision)
-		require.Equal(t, "0", rank)
-		h.stream(id)
-		h.advance(25)
-		h.firstChunk(id)
-		h.endStream(id)
+func TestACopyThereNeverTakesTheCacheHigherInFilter(t *testing.T) {
+	const pools = `"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}`
+	const info = `# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="5000"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blocks="5000"} 1.0
+`
+	for _, tc := range []struct{ name, cfg string }{
+		{"stated", `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":40000},` + pools + `}`},
+		{"reported", `{"trust_client_dp_rank":true,"engine_metrics":{"enabled":true,"interval_ms":100,"stale_ms":60000},` + pools + `}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, tc.cfg)
+				h.Tick()
+				for _, c := range h.scrapes() {
+					h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "200"}}, nil, []byte(vllmPage(0, 0)+info))
+				}
+				rng := rand.New(rand.NewSource(27))
+				e, f := prose(rng, 32000), prose(rng, 32000)
+				// At 40 tokens a ms, as the first documents teach the rate.
+				computeOn(t, h, e, "0", 200)
+				for i := 0; i < 4; i++ {
+					computeOn(t, h, prose(rng, 32000), "0", 200)
+				}
+				id, _ := h.send(post("/v1/completions", completionBody(e+prose(rng, 4000))))
+				decision, _ := h.header(id, "x-kvroute-decision")
+				rank, _ := h.header(id, "x-data-parallel-rank")
+				require.Equal(t, "continuation", decision)
+				require.Equal(t, "0", rank)
+				h.stream(id)
+				h.advance(25)
+				h.firstChunk(id)
+				h.endStream(id)
 
-		computeOn(t, h, f, "0", 200)
-		for i := 0; i < 4; i++ {
-			computeOn(t, h, prose(rng, 34600), "0", 216)
-		}
-		id, _ = h.send(post("/v1/completions", completionBody(f+prose(rng, 4000))))
-		decision, _ = h.header(id, "x-kvroute-decision")
-		assert.Equal(t, "prefix", decision, "F's head only counts as held")
-	})
+				computeOn(t, h, f, "0", 200)
+				for i := 0; i < 4; i++ {
+					computeOn(t, h, prose(rng, 34600), "0", 216)
+				}
+				id, _ = h.send(post("/v1/completions", completionBody(f+prose(rng, 4000))))
+				decision, _ = h.header(id, "x-kvroute-decision")
+				assert.Equal(t, "prefix", decision, "F's head only counts as held")
+			})
+		})
+	}
 }
