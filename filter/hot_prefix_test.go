@@ -35,6 +35,16 @@ func computeOn(t *testing.T, h *host, body, rank string, ms int) {
 	h.endStream(id)
 }
 
+// routed sends body as a completion and streams it; it returns the stream, and the
+// rank and the decision kvroute chose.
+func routed(h *host, body string) (id uint32, rank, decision string) {
+	id, _ = h.send(post("/v1/completions", completionBody(body)))
+	rank, _ = h.header(id, "x-data-parallel-rank")
+	decision, _ = h.header(id, "x-kvroute-decision")
+	h.stream(id)
+	return id, rank, decision
+}
+
 // burst sends n requests on doc, gapMS apart, each with a prose of own characters of
 // its own and an x-request-id of prefix and its number, and leaves them in prefill.
 // It returns their streams and the ranks they went to.
@@ -118,6 +128,64 @@ func TestAPrefixIsCopiedWhenItsDemandOutrunsItsHolderInFilter(t *testing.T) {
 	}
 }
 
+// TestAPrefixQueuedForIsCopiedInFilter: a document (8000 tokens) is computed on rank
+// 0 of four in 200 ms (40 tokens a ms). Another prompt is sent to rank 0 and left in
+// prefill, and a second request on the document, with 1000 tokens of its own, is sent
+// to rank 0 behind it. A third request on the document, too few with the second to
+// put it in demand, copies it to another rank while the second waits behind more than
+// the document's tokens. With a shorter prompt ahead of the second, with the other
+// prompt sent after the second (rank 0 busy, but not with the document), or with a
+// long prompt queued on rank 1 too (the ranks' mean queue longer than the document:
+// no time to spare for a copy), it stays on rank 0.
+func TestAPrefixQueuedForIsCopiedInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":4}]}}}`
+	for _, tc := range []struct {
+		name           string
+		otherChars     int  // the other prompt sent to rank 0, in characters
+		otherBefore    bool // whether it was sent before the second request
+		elsewhereChars int  // a prompt left in prefill on rank 1, in characters
+		copied         bool
+	}{
+		{"queued for behind more than it", 40000, true, 0, true},
+		{"queued for behind less than it", 16000, true, 0, false},
+		{"busy with another prompt since", 40000, false, 0, false},
+		{"a backlogged pool", 40000, true, 120000, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(44))
+				doc := prose(rng, 32000)
+				other := prose(rng, tc.otherChars)
+				computeOn(t, h, doc, "0", 200)
+				var open []uint32
+				if tc.otherBefore {
+					open = append(open, openOn(t, h, other, "0", false))
+				}
+				open = append(open, openOn(t, h, doc+prose(rng, 4000), "0", false))
+				if !tc.otherBefore {
+					open = append(open, openOn(t, h, other, "0", false))
+				}
+				if tc.elsewhereChars > 0 {
+					open = append(open, openOn(t, h, prose(rng, tc.elsewhereChars), "1", false))
+				}
+				id, rank, decision := routed(h, doc+prose(rng, 4000))
+				for _, id := range append(open, id) {
+					h.endStream(id)
+				}
+				if !tc.copied {
+					assert.Equal(t, "0", rank, "the request stays with the document")
+					assert.True(t, strings.HasPrefix(decision, "continuation"), decision)
+					return
+				}
+				assert.NotEqual(t, "0", rank, "the document is copied off its queue")
+				assert.Equal(t, "load", decision)
+			})
+		})
+	}
+}
+
 // TestAStalledHolderHasItsPrefixCopiedInFilter: a document (8000 tokens) is computed
 // on rank 0 of four in 200 ms (40 tokens a ms). Then a request on it comes every
 // second, with 1000 tokens of its own: too few to put the document in demand. Each
@@ -150,10 +218,7 @@ func TestAStalledHolderHasItsPrefixCopiedInFilter(t *testing.T) {
 					open = append(open, id)
 				}
 				h.advance(1000)
-				id, _ := h.send(post("/v1/completions", completionBody(doc+prose(rng, 4000))))
-				rank, _ := h.header(id, "x-data-parallel-rank")
-				decision, _ := h.header(id, "x-kvroute-decision")
-				h.stream(id)
+				id, rank, decision := routed(h, doc+prose(rng, 4000))
 				for _, id := range append(open, id) {
 					h.endStream(id)
 				}

@@ -215,3 +215,67 @@ func targets(t *testing.T, n, m int) *config.Config {
 	require.NoError(t, err)
 	return &cfg
 }
+
+func TestAPrefixIsCopiedWhenRequestsQueueForItBehindMoreThanIt(t *testing.T) {
+	// Target X computes a 2000-token document in 200 ms (10 tokens a ms). Other
+	// prefill is queued on X, and a second request on the document, with 400 tokens
+	// of its own, goes to X behind it. A third request on the document arrives: too
+	// few between them to put it in demand. While the second waits behind more than
+	// the document's tokens, the document computed on an idle target would have come
+	// sooner for it, and the third copies it there. With less queued ahead of the
+	// second it stays on X; so it does when the other prefill was sent after the
+	// second (X is busy, but not with the document: the cost spreads that), when the
+	// pool is backlogged (its mean queue longer than the document: a copy's time is
+	// taken from other requests), and before any target has shown a rate, when how
+	// far X has got with its queue is unknown.
+	for _, c := range []struct {
+		name             string
+		before, after    int64 // uncached tokens queued on X before and after the second
+		elsewhere        int64 // uncached tokens queued on one other target
+		documentAnswered bool  // whether the document's first chunk came back (a rate known)
+		copied           bool
+	}{
+		{"queued for behind more than it", 3000, 0, 0, true, true},
+		{"queued for behind less than it", 1000, 0, 0, true, false},
+		{"busy with other prompts since", 0, 3000, 0, true, false},
+		{"a backlogged pool", 3000, 0, 3000, true, false},
+		{"no rate known", 3000, 0, 0, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rng := rand.New(rand.NewSource(34))
+			doc := words(rng, 8000)
+			clock := &fakeClock{ms: 1e6}
+			r := NewRouter(testConfig(t, `,"balance":{"fair_share_multiplier":100}`), state.NewMemoryStore(), clock.now)
+			first := r.Decide(textRequest(doc, 1), NoRank)
+			x := first.Target.ID
+			clock.ms += 200
+			if c.documentAnswered {
+				require.NoError(t, r.FirstChunk(&first.Ticket))
+				require.NoError(t, r.Release(first.Ticket))
+			}
+			queue := func(id uint64, tokens int64) {
+				if tokens > 0 {
+					_, err := r.decode.ledger.AcquireQueued(id, tokens, tokens, 0, clock.ms)
+					require.NoError(t, err)
+				}
+			}
+			queue(x, c.before)
+			for _, tg := range r.DecodeTargets() {
+				if tg.ID != x {
+					queue(tg.ID, c.elsewhere)
+					break
+				}
+			}
+			second := r.Decide(textRequest(doc+words(rng, 1600), 2), NoRank)
+			require.Equal(t, x, second.Target.ID)
+			queue(x, c.after)
+			d := r.Decide(textRequest(doc+words(rng, 1600), 3), NoRank)
+			if !c.copied {
+				assert.Equal(t, x, d.Target.ID, "the request stays with the document")
+				return
+			}
+			assert.NotEqual(t, x, d.Target.ID, "the document is copied off its queue")
+			assert.Equal(t, KindLoad, d.Kind)
+		})
+	}
+}

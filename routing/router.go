@@ -838,7 +838,8 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 // copiesNeeded reports whether the prefix of the request's deepest match is in
 // demand: the tokens of their own that the prefix's other requests brought lately
 // (Demand), at that pace, take more than copyLoad of its holders' time, or every
-// holder has stalled (holdersStalled). Then
+// holder has stalled (holdersStalled), or the requests queued for it on every holder
+// wait longer than a copy takes (holdersQueued). Then
 // v.copyTokens is set to the prefix's tokens, which a target without them weighs as
 // its user's wait alone, and the cost decides whether this request makes a copy.
 func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) bool {
@@ -869,13 +870,15 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 	if rms > 0 {
 		rate = float64(rtok) / float64(rms)
 	}
-	// Demand seen over the last seconds says nothing of whether it lasts as long as a
-	// longer copy takes to make.
+	// Neither demand seen over the last seconds nor requests queued now say whether
+	// the prefix is wanted as long as a longer copy takes to make, and a longer copy
+	// delays more of what its target is sent meanwhile.
 	if float64(shared)/rate > 2*prefix.HeatWindowMS {
 		return false
 	}
 	perMS := float64(demand*bt) / float64(max(span, minDemandSpanMS))
-	if perMS/rate <= copyLoad*float64(len(found)) && !holdersStalled(v, found) {
+	if perMS/rate <= copyLoad*float64(len(found)) && !holdersStalled(v, found) &&
+		!holdersQueued(v, pr, int64(shared), bt) {
 		return false
 	}
 	v.copyTokens = shared
@@ -889,6 +892,47 @@ func holdersStalled(v *poolView, found []prefix.PrefixMatch) bool {
 	for _, m := range found {
 		i := v.pool.byID32.get(uint64(m.Target))
 		if i < 0 || !v.loads[i].Stalled(v.nowMS) {
+			return false
+		}
+	}
+	return true
+}
+
+// holdersQueued reports whether the requests already queued for the prefix on every
+// holder wait longer than computing it elsewhere takes: what is queued there up to the
+// last request that recorded the prefix (which computed it, or used it), still
+// without its first chunk, is at least the prefix's tokens more than the least queued
+// target without the prefix has. A copy computed there would have come sooner for
+// them, and the requests that share the prefix get a second place to go. Only while
+// the pool's mean queue is at most the prefix's tokens: the copy's time is then time
+// the pool has to spare, where in a backlogged pool it is taken from other requests.
+// A holder busy with other prompts sent after the prefix's last request does not
+// count: that wait is not the prefix's, and the cost spreads it. Nor does a
+// conversation's next turn find its history queued for: the turn before has been
+// answered.
+func holdersQueued(v *poolView, pr *prompt, tokens int64, bt int) bool {
+	least, queued := int64(math.MaxInt64), int64(0)
+	for _, i := range v.eligible {
+		queued += v.ahead[i]
+		if pr.matched[i] == 0 {
+			least = min(least, v.ahead[i])
+		}
+	}
+	if least == math.MaxInt64 || queued > tokens*int64(len(v.eligible)) {
+		return false // every target holds it, or the pool has no time to spare
+	}
+	for _, m := range pr.search.Found() {
+		i := v.pool.byID32.get(uint64(m.Target))
+		if i < 0 {
+			return false
+		}
+		// The tokens sent to the holder since the prefix's last record there, to
+		// the block the clock counts in, are queued after that request, if at all.
+		after := int64(0)
+		if now := uint32(v.loads[i].Written / int64(max(1, bt))); now >= m.Clock {
+			after = int64(now-m.Clock+1) * int64(bt)
+		}
+		if v.ahead[i]-after < tokens+least {
 			return false
 		}
 	}
