@@ -224,22 +224,24 @@ func TestAPrefixIsCopiedWhenRequestsQueueForItBehindMoreThanIt(t *testing.T) {
 	// the document's tokens, the document computed on an idle target would have come
 	// sooner for it, and the third copies it there. With less queued ahead of the
 	// second it stays on X; so it does when the other prefill was sent after the
-	// second (X is busy, but not with the document: the cost spreads that), when the
-	// pool is backlogged (its mean queue longer than the document: a copy's time is
-	// taken from other requests), and before any target has shown a rate, when how
-	// far X has got with its queue is unknown.
+	// second (X is busy, but not with the document: the cost spreads that), when
+	// every other target has so much queued that the document computed there would
+	// not come sooner, when the pool is backlogged (its mean queue longer than the
+	// document: a copy's time is taken from other requests), and before any target
+	// has shown a rate, when how far X has got with its queue is unknown.
 	for _, c := range []struct {
 		name             string
-		before, after    int64 // uncached tokens queued on X before and after the second
-		elsewhere        int64 // uncached tokens queued on one other target
-		documentAnswered bool  // whether the document's first chunk came back (a rate known)
+		before, after    int64    // uncached tokens queued on X before and after the second
+		others           [2]int64 // uncached tokens queued on the two other targets
+		documentAnswered bool     // whether the document's first chunk came back (a rate known)
 		copied           bool
 	}{
-		{"queued for behind more than it", 3000, 0, 0, true, true},
-		{"queued for behind less than it", 1000, 0, 0, true, false},
-		{"busy with other prompts since", 0, 3000, 0, true, false},
-		{"a backlogged pool", 3000, 0, 3000, true, false},
-		{"no rate known", 3000, 0, 0, false, false},
+		{"queued for behind more than it", 3000, 0, [2]int64{}, true, true},
+		{"queued for behind less than it", 1000, 0, [2]int64{}, true, false},
+		{"busy with other prompts since", 0, 3000, [2]int64{}, true, false},
+		{"no sooner elsewhere", 2400, 600, [2]int64{1000, 1000}, true, false},
+		{"a backlogged pool", 3000, 0, [2]int64{3000, 0}, true, false},
+		{"no rate known", 3000, 0, [2]int64{}, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rng := rand.New(rand.NewSource(34))
@@ -260,10 +262,11 @@ func TestAPrefixIsCopiedWhenRequestsQueueForItBehindMoreThanIt(t *testing.T) {
 				}
 			}
 			queue(x, c.before)
+			k := 0
 			for _, tg := range r.DecodeTargets() {
 				if tg.ID != x {
-					queue(tg.ID, c.elsewhere)
-					break
+					queue(tg.ID, c.others[k])
+					k++
 				}
 			}
 			second := r.Decide(textRequest(doc+words(rng, 1600), 2), NoRank)

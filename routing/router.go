@@ -902,37 +902,42 @@ func holdersStalled(v *poolView, found []prefix.PrefixMatch) bool {
 // holder wait longer than computing it elsewhere takes: what is queued there up to the
 // last request that recorded the prefix (which computed it, or used it), still
 // without its first chunk, is at least the prefix's tokens more than the least queued
-// target without the prefix has. A copy computed there would have come sooner for
-// them, and the requests that share the prefix get a second place to go. Only while
-// the pool's mean queue is at most the prefix's tokens: the copy's time is then time
-// the pool has to spare, where in a backlogged pool it is taken from other requests.
-// A holder busy with other prompts sent after the prefix's last request does not
-// count: that wait is not the prefix's, and the cost spreads it. Nor does a
-// conversation's next turn find its history queued for: the turn before has been
-// answered.
-func holdersQueued(v *poolView, pr *prompt, tokens int64, bt int) bool {
-	least, queued := int64(math.MaxInt64), int64(0)
+// eligible target without the prefix has. A copy computed there would have come
+// sooner for them (the cost then weighs the places a copy may go), and the requests
+// that share the prefix get a second place to go. Only while the pool's mean queue is
+// at most the prefix's tokens: the copy's time is then time the pool has to spare,
+// where in a backlogged pool it is taken from other requests. A holder busy with
+// other prompts sent after the prefix's last request does not count: that wait is
+// not the prefix's, and the cost spreads it; nor, as a rule, does a conversation's
+// next turn, whose deepest checkpoint is its own history and whose turn before has
+// been answered. A record another VM made carries the clock this VM saw when it
+// synced, so the test is exact only for this VM's own records.
+func holdersQueued(v *poolView, pr *prompt, prefixTokens int64, bt int) bool {
+	least, poolQueued := int64(math.MaxInt64), int64(0)
 	for _, i := range v.eligible {
-		queued += v.ahead[i]
+		poolQueued += v.ahead[i]
 		if pr.matched[i] == 0 {
 			least = min(least, v.ahead[i])
 		}
 	}
-	if least == math.MaxInt64 || queued > tokens*int64(len(v.eligible)) {
+	if least == math.MaxInt64 || poolQueued > prefixTokens*int64(len(v.eligible)) {
 		return false // every target holds it, or the pool has no time to spare
 	}
 	for _, m := range pr.search.Found() {
 		i := v.pool.byID32.get(uint64(m.Target))
-		if i < 0 {
+		// A holder that is not eligible (ejected, another rank) has no queue in the
+		// view, and takes no request.
+		if i < 0 || len(v.eligible) < len(v.loads) && !contains(v.eligible, i) {
 			return false
 		}
 		// The tokens sent to the holder since the prefix's last record there, to
-		// the block the clock counts in, are queued after that request, if at all.
+		// the block the clock counts in, are queued after that request, if at all
+		// (an age past 2^31 blocks is a record newer than the view's clock).
 		after := int64(0)
-		if now := uint32(v.loads[i].Written / int64(max(1, bt))); now >= m.Clock {
-			after = int64(now-m.Clock+1) * int64(bt)
+		if age := uint32(v.loads[i].Written/int64(max(1, bt))) - m.Clock; age < 1<<31 {
+			after = (int64(age) + 1) * int64(bt)
 		}
-		if v.ahead[i]-after < tokens+least {
+		if v.ahead[i]-after < prefixTokens+least {
 			return false
 		}
 	}
