@@ -800,7 +800,10 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 		r.lookup(v, pr)
 		cands = r.copyPlaces(v, cands, pr)
 	} else {
-		if i := r.continuation(v, req, pr, cands, true); i >= 0 {
+		// The deepest checkpoint's holders include those that hold the prompt a little
+		// further, to its last turn's end (PrefixSearch.Next): one of them left out at
+		// the cap is weighed below, with what its cache saves.
+		if i := r.continuation(v, req, pr, cands, true); i >= 0 && pr.matched[i] >= deepestAtCap(v, pr) {
 			return i, KindContinuation
 		}
 		r.lookup(v, pr)
@@ -833,6 +836,22 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 		return i, KindPrefix
 	}
 	return i, KindLoad
+}
+
+// deepestAtCap is the most blocks of the request's prompt found on an eligible target
+// at the fair-share cap (0 with none at it): such a target is no candidate, and a
+// shorter match elsewhere keeps the request outright only when it holds no more.
+func deepestAtCap(v *poolView, pr *prompt) int {
+	deepest := 0
+	if v.busiest < v.cap {
+		return 0
+	}
+	for _, i := range v.eligible {
+		if v.atCap(i) {
+			deepest = max(deepest, pr.matched[i])
+		}
+	}
+	return deepest
 }
 
 // copiesNeeded reports whether the prefix of the request's deepest match is in

@@ -100,40 +100,53 @@ func TestContinuationLeavesAHolderFarOverTheCap(t *testing.T) {
 }
 
 func TestContinuationWeighsItsHolderAtTheCapBeforeAShorterMatch(t *testing.T) {
-	// A conversation without an id: a 6000-token system prompt and 1000 tokens of its
-	// history are cached on one of eight targets, the system prompt alone on another.
-	// With 4 requests decoding there and 1 on each other target, the history's holder
-	// is at the cap. The next turn's match on the other target is long enough for a
-	// continuation too, but the holder is weighed first: one request's charge and its
-	// decode load cost less than recomputing the history elsewhere.
-	cfg, err := config.ParseConfig([]byte(`{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":8}]}}}`))
-	require.NoError(t, err)
-	clock := &fakeClock{ms: 1e6}
-	r := NewRouter(&cfg, state.NewMemoryStore(), clock.now)
-	rng := rand.New(rand.NewSource(12))
-	system, history := words(rng, 24000), words(rng, 4000)
-	ts := r.DecodeTargets()
-	holder, other := ts[0], ts[1]
+	// A conversation without an id: a system prompt and its history are cached on one
+	// of eight targets, the system prompt alone on another. With 4 requests decoding
+	// there and 1 on each other target, the history's holder is at the cap. The next
+	// turn's match on the other target is long enough for a continuation too, but the
+	// holder is weighed first: one request's charge and its decode load cost less
+	// than recomputing the history elsewhere. So it is when the history ends between
+	// two of the index's checkpoints, past the system prompt's last one: the deepest
+	// checkpoint matched is then the system prompt's, held by both targets, and the
+	// history is found beside it.
 	for _, c := range []struct {
-		text   string
-		target Target
-	}{{system + history, holder}, {system + words(rng, 400), other}} {
-		q := textRequest(c.text, 1)
-		cps, _ := prefix.HashCheckpoints(q.Model, q.Prompt, q.BlockBytes, nil)
-		r.decode.index.Record(cps, c.target.ID, 0, 0)
-	}
-	for _, tg := range ts {
-		decoding := 1
-		if tg.ID == holder.ID {
-			decoding = 4
-		}
-		for n := 0; n < decoding; n++ {
-			tk, err := r.decode.ledger.AcquireQueued(tg.ID, 2000, 2000, 0, clock.ms)
+		name            string
+		system, history int // characters: 4 a token, 64 a 16-token block
+	}{
+		{"the history past a checkpoint", 24000, 4000},
+		{"the history between checkpoints", 513 * 64, 60 * 64},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := config.ParseConfig([]byte(`{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":8}]}}}`))
 			require.NoError(t, err)
-			require.NoError(t, r.decode.ledger.FirstChunk(&tk, clock.ms))
-		}
+			clock := &fakeClock{ms: 1e6}
+			r := NewRouter(&cfg, state.NewMemoryStore(), clock.now)
+			rng := rand.New(rand.NewSource(12))
+			system, history := words(rng, c.system), words(rng, c.history)
+			ts := r.DecodeTargets()
+			holder, other := ts[0], ts[1]
+			for _, rec := range []struct {
+				text   string
+				target Target
+			}{{system + history, holder}, {system + words(rng, 400), other}} {
+				q := textRequest(rec.text, 1)
+				cps, _ := prefix.HashCheckpoints(q.Model, q.Prompt, q.BlockBytes, nil)
+				r.decode.index.Record(cps, rec.target.ID, 0, 0)
+			}
+			for _, tg := range ts {
+				decoding := 1
+				if tg.ID == holder.ID {
+					decoding = 4
+				}
+				for n := 0; n < decoding; n++ {
+					tk, err := r.decode.ledger.AcquireQueued(tg.ID, 2000, 2000, 0, clock.ms)
+					require.NoError(t, err)
+					require.NoError(t, r.decode.ledger.FirstChunk(&tk, clock.ms))
+				}
+			}
+			d := r.Decide(textRequest(system+history+words(rng, 800), 2), NoRank)
+			assert.Equal(t, KindContinuation, d.Kind)
+			assert.Equal(t, holder.ID, d.Target.ID)
+		})
 	}
-	d := r.Decide(textRequest(system+history+words(rng, 800), 2), NoRank)
-	assert.Equal(t, KindContinuation, d.Kind)
-	assert.Equal(t, holder.ID, d.Target.ID)
 }
