@@ -207,14 +207,68 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blo
 				h.firstChunk(id)
 				h.endStream(id)
 
-				computeOn(t, h, f, "0", 200)
-				for i := 0; i < 4; i++ {
-					computeOn(t, h, prose(rng, 34600), "0", 216)
-				}
-				id, _ = h.send(post("/v1/completions", completionBody(f+prose(rng, 4000))))
-				decision, _ = h.header(id, "x-kvroute-decision")
-				assert.Equal(t, "prefix", decision, "F's head only counts as held")
+				assert.Equal(t, "prefix", fTurnAfterOtherWork(t, h, rng, f), "F's head only counts as held")
 			})
 		})
 	}
+}
+
+// TestAReportAfterTheDecisionBoundsItsFirstChunkInFilter: as above, with the engine's
+// size (40000 tokens) reported only after E's continuation was decided, and read by
+// the next decision before E's first chunk; the report then goes stale. E's first
+// chunk, which found its copy there past 4/5 of the size reported since, still takes
+// the learned cache no higher than that size, so F's next turn, once the report is
+// stale, does not count F's copy as whole and is no continuation. Learned from
+// nothing, with no size bounding the news, the cache would stay unknown and every
+// copy count as whole.
+func TestAReportAfterTheDecisionBoundsItsFirstChunkInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,"engine_metrics":{"enabled":true,"interval_ms":100,"stale_ms":500},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}}`
+	const info = `# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="2500"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blocks="2500"} 1.0
+`
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, cfg)
+		rng := rand.New(rand.NewSource(27))
+		e, f := prose(rng, 32000), prose(rng, 32000)
+		computeOn(t, h, e, "0", 200)
+		for i := 0; i < 4; i++ {
+			computeOn(t, h, prose(rng, 32000), "0", 200)
+		}
+		h.scrapes() // the scrapes so far go unanswered: no size is known
+		// A decision on rank 1 reads the engine board (still empty); E's continuation,
+		// 50 ms later, does not read it again.
+		openOn(t, h, prose(rng, 400), "1", false)
+		h.advance(50)
+		id, _ := h.send(post("/v1/completions", completionBody(e+prose(rng, 4000))))
+		decision, _ := h.header(id, "x-kvroute-decision")
+		require.Equal(t, "continuation", decision)
+		h.stream(id)
+		h.Tick()
+		for _, c := range h.scrapes() {
+			h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "200"}}, nil, []byte(vllmPage(0, 0)+info))
+		}
+		h.advance(50)
+		openOn(t, h, prose(rng, 400), "1", false) // reads the report
+		h.advance(10)
+		h.firstChunk(id)
+		h.endStream(id)
+
+		assert.NotEqual(t, "continuation", fTurnAfterOtherWork(t, h, rng, f), "F's copy does not count as whole")
+	})
+}
+
+// fTurnAfterOtherWork computes document f on rank 0 in 200 ms, then 34 600 tokens of
+// other prompts there, so that f's copy needs 42 600 tokens to be whole, and returns
+// the decision of f's next turn.
+func fTurnAfterOtherWork(t *testing.T, h *host, rng *rand.Rand, f string) string {
+	t.Helper()
+	computeOn(t, h, f, "0", 200)
+	for i := 0; i < 4; i++ {
+		computeOn(t, h, prose(rng, 34600), "0", 216)
+	}
+	id, _ := h.send(post("/v1/completions", completionBody(f+prose(rng, 4000))))
+	decision, _ := h.header(id, "x-kvroute-decision")
+	return decision
 }
