@@ -210,7 +210,7 @@ func (m *metrics) followTargets(targets []routing.Target) {
 	for _, t := range targets {
 		present[t.ID] = true
 		if _, ok := m.targetActive[t.ID]; !ok && len(m.targetActive) < maxTargetGauges {
-			m.targetActive[t.ID] = &ledgerGauge{g: proxywasm.DefineGaugeMetric(TargetGaugeName(t))}
+			m.targetActive[t.ID] = &ledgerGauge{g: proxywasm.DefineGaugeMetric(m.keepName(TargetGaugeName(t)))}
 		}
 	}
 	for id, g := range m.targetActive {

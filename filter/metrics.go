@@ -38,6 +38,17 @@ type metrics struct {
 
 	models        []modelMetrics // per fleet of models, in order
 	modelNotFound proxywasm.MetricCounter
+
+	names []string // the stat names built at run time, kept (keepName)
+}
+
+// keepName keeps a stat name built at run time referenced for the plugin's life.
+// Envoy copies a name it is given; the SDK's host emulator, which every wasm test
+// runs on, keys its stats by the guest's own bytes, which the collector would reuse
+// once the name was dropped, and the stat would no longer be found by its name.
+func (m *metrics) keepName(name string) string {
+	m.names = append(m.names, name)
+	return name
 }
 
 func defineMetrics(targets []routing.Target) *metrics {
@@ -61,10 +72,10 @@ func defineMetrics(targets []routing.Target) *metrics {
 	}
 	for _, k := range routing.Kinds() {
 		name := "kvroute_decision_" + strings.ReplaceAll(k.String(), "-", "_")
-		m.decisions = append(m.decisions, batchedCounter{c: proxywasm.DefineCounterMetric(name)})
+		m.decisions = append(m.decisions, batchedCounter{c: proxywasm.DefineCounterMetric(m.keepName(name))})
 	}
 	for _, t := range targets {
-		m.targetActive[t.ID] = &ledgerGauge{g: proxywasm.DefineGaugeMetric(TargetGaugeName(t))}
+		m.targetActive[t.ID] = &ledgerGauge{g: proxywasm.DefineGaugeMetric(m.keepName(TargetGaugeName(t)))}
 	}
 	return m
 }

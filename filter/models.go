@@ -64,17 +64,17 @@ type modelMetrics struct {
 	decisions []batchedCounter // by routing.Kind
 }
 
-func defineModelMetrics(fleets []*routing.Fleet) []modelMetrics {
-	out := make([]modelMetrics, len(fleets))
+// defineModelMetrics defines the counters of every fleet of models, in order.
+func (m *metrics) defineModelMetrics(fleets []*routing.Fleet) {
+	m.models = make([]modelMetrics, len(fleets))
 	for i, f := range fleets {
 		tag := "." + config.ModelMetricTag(f.Name)
-		out[i].requests = batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_model_requests_routed" + tag)}
+		m.models[i].requests = batchedCounter{c: proxywasm.DefineCounterMetric(m.keepName("kvroute_model_requests_routed" + tag))}
 		for _, k := range routing.Kinds() {
 			name := "kvroute_model_decision_" + strings.ReplaceAll(k.String(), "-", "_") + tag
-			out[i].decisions = append(out[i].decisions, batchedCounter{c: proxywasm.DefineCounterMetric(name)})
+			m.models[i].decisions = append(m.models[i].decisions, batchedCounter{c: proxywasm.DefineCounterMetric(m.keepName(name))})
 		}
 	}
-	return out
 }
 
 func (m *metrics) flushModelCounters() {

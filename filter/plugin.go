@@ -62,7 +62,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	p.router = p.fleets.Default.Router
 	p.catalogue = p.fleets.CatalogueBody()
 	p.metrics = defineMetrics(p.decodeTargets())
-	p.metrics.models = defineModelMetrics(p.fleets.Models)
+	p.metrics.defineModelMetrics(p.fleets.Models)
 	p.scrapeLease = engine.NewScrapeLease(shareddata.Store{}, cfg.State.Namespace, cfg.State.MaxCASRetries)
 	p.initDiscovery()
 	p.routes = nameTable{}
