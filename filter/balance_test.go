@@ -13,14 +13,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var targetGauges = []string{
+var activeGauges = []string{
 	"kvroute_target_active_requests.10_0_0_1_8000.rank_0",
 	"kvroute_target_active_requests.10_0_0_2_8000.rank_0",
 	"kvroute_target_active_requests.10_0_0_3_8000.rank_0",
 }
 
 func (h *host) activeByGauge() (total int64, per []int64) {
-	for _, g := range targetGauges {
+	for _, g := range activeGauges {
 		per = append(per, h.gauge(g))
 	}
 	return h.gauge("kvroute_active_requests"), per

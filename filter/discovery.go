@@ -199,23 +199,23 @@ func (p *pluginContext) followTargets() {
 	p.metrics.followTargets(p.decodeTargets())
 }
 
-// maxTargetGauges bounds the per-target gauges one plugin defines: Envoy keeps a
+// maxTargetGauges bounds the targets one plugin defines gauges for: Envoy keeps a
 // defined stat for the VM's life, and pod addresses churn with every rollout.
 const maxTargetGauges = 4096
 
-// followTargets makes the per-target gauges those of targets: new targets get one
+// followTargets makes the per-target gauges those of targets: new targets get theirs
 // (until maxTargetGauges), targets no longer there are set to zero.
 func (m *metrics) followTargets(targets []routing.Target) {
 	present := make(map[uint64]bool, len(targets))
 	for _, t := range targets {
 		present[t.ID] = true
-		if _, ok := m.targetActive[t.ID]; !ok && len(m.targetActive) < maxTargetGauges {
-			m.targetActive[t.ID] = &ledgerGauge{g: proxywasm.DefineGaugeMetric(m.keepName(TargetGaugeName(t)))}
+		if _, ok := m.targets[t.ID]; !ok && len(m.targets) < maxTargetGauges {
+			m.targets[t.ID] = m.defineTargetGauges(t)
 		}
 	}
-	for id, g := range m.targetActive {
+	for id := range m.targets {
 		if !present[id] {
-			g.set(0)
+			m.setTargetLoad(id, routing.Load{})
 		}
 	}
 }

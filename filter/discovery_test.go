@@ -190,10 +190,12 @@ func TestDiscoveryFollowsTheFleet(t *testing.T) {
 }
 
 // A rollout replaces every pod: each conversation moves once to a new pod and then
-// sticks there; the old pods' load leaves the ledger, and their gauges read zero.
+// sticks there; the old pods' load leaves the ledger, and their gauges read zero,
+// their prefill rates too.
 func TestDiscoveryRolloutMovesConversationsOnce(t *testing.T) {
+	cfg := strings.Replace(adminDiscovery, `{"pools"`, `{"prefix":{"target_cache_tokens":40000},"pools"`, 1)
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
-		h := startDiscovery(t, vm, adminDiscovery, "prometheus_stats")
+		h := startDiscovery(t, vm, cfg, "prometheus_stats")
 		h.answer(t, 200, adminAnswer(healthyHosts("10.0.0.1", "10.0.0.2", "10.0.0.3")...))
 		before := map[string]string{}
 		open := map[string]uint32{} // one request per conversation still running at the rollout
@@ -235,10 +237,19 @@ func TestDiscoveryRolloutMovesConversationsOnce(t *testing.T) {
 			assert.False(t, bytes.Contains(ledger, id), "the ledger keeps nothing of %s, not even its write clock", ip)
 		}
 		for _, ip := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.1.1"} {
-			name := "kvroute_target_active_requests." + strings.ReplaceAll(ip, ".", "_") + "_8000.rank_0"
-			v, err := h.GetGaugeMetric(name)
-			require.NoError(t, err, "%s is defined", name)
-			assert.Zero(t, v, name)
+			for _, family := range TargetGaugeFamilies {
+				name := TargetGaugeName(family, routing.Target{Address: ip + ":8000", RankText: "0"})
+				v, err := h.GetGaugeMetric(name)
+				require.NoError(t, err, "%s is defined", name)
+				switch {
+				case ip != "10.0.1.1" || family == TargetActiveRequests:
+					assert.Zero(t, v, name)
+				case family == TargetCacheTokens:
+					assert.Equal(t, uint64(40000), v, "%s: the stated cache of a pod still there", name)
+				default:
+					assert.NotZero(t, v, "%s: a pod still there keeps the rate its answers showed", name)
+				}
+			}
 		}
 	})
 }

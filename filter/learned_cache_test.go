@@ -164,6 +164,24 @@ func TestALongPromptsHeadOutlivesItsTailInFilter(t *testing.T) {
 	}
 }
 
+// cacheInfo40000 is vLLM's cache_config_info for a server of two engines: 5000 blocks
+// of 16 tokens summed over both, 40000 tokens a rank.
+const cacheInfo40000 = `# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="5000"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blocks="5000"} 1.0
+`
+
+// startReported starts the plugin with config and answers its first engine scrapes,
+// if it makes any, with an idle page reporting cacheInfo40000.
+func startReported(t *testing.T, vm types.VMContext, config string) *host {
+	h := startHost(t, vm, config)
+	h.Tick()
+	for _, c := range h.scrapes() {
+		h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "200"}}, nil, []byte(vllmPage(0, 0)+cacheInfo40000))
+	}
+	return h
+}
+
 // TestACopyThereNeverTakesTheCacheHigherInFilter: with a cache of 40000 tokens a rank
 // stated, or reported by vLLM (5000 blocks of 16 summed over the server's two
 // engines), document E (8000 tokens) is computed on rank 0, then 32000 tokens of
@@ -175,21 +193,13 @@ func TestALongPromptsHeadOutlivesItsTailInFilter(t *testing.T) {
 // 44000 the whole copy would count, and the turn would follow it as a continuation.
 func TestACopyThereNeverTakesTheCacheHigherInFilter(t *testing.T) {
 	const pools = `"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}`
-	const info = `# TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="5000"} 1.0
-vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blocks="5000"} 1.0
-`
 	for _, tc := range []struct{ name, cfg string }{
 		{"stated", `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":40000},` + pools + `}`},
 		{"reported", `{"trust_client_dp_rank":true,"engine_metrics":{"enabled":true,"interval_ms":100,"stale_ms":60000},` + pools + `}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
-				h := startHost(t, vm, tc.cfg)
-				h.Tick()
-				for _, c := range h.scrapes() {
-					h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "200"}}, nil, []byte(vllmPage(0, 0)+info))
-				}
+				h := startReported(t, vm, tc.cfg)
 				rng := rand.New(rand.NewSource(27))
 				e, f := prose(rng, 32000), prose(rng, 32000)
 				// At 40 tokens a ms, as the first documents teach the rate.
@@ -271,4 +281,64 @@ func fTurnAfterOtherWork(t *testing.T, h *host, rng *rand.Rand, f string) string
 	id, _ := h.send(post("/v1/completions", completionBody(f+prose(rng, 4000))))
 	decision, _ := h.header(id, "x-kvroute-decision")
 	return decision
+}
+
+// TestTargetGaugesShowTheCacheAndRateDecisionsUseInFilter: each decode target's gauges
+// show the prefix cache decisions take it to hold and its observed prefill rate, set
+// on the tick. A stated cache shows at once; one the engine reports shows once a tick
+// has read the board, with no request; one learned shows the age of the copy its
+// first chunk found gone: the 24000 tokens written on rank 0 after D, and the 7680 of
+// D's copy the continuation matched. The rate shows once a first chunk has timed a
+// prefill: 8000 tokens in 200 ms (more in wazero, whose clock moves at every
+// reading). Rank 1 computes nothing, and learns nothing.
+func TestTargetGaugesShowTheCacheAndRateDecisionsUseInFilter(t *testing.T) {
+	const pools = `"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}`
+	gauge := func(h *host, family, rank string) int64 {
+		return h.gauge(family + ".10_0_0_1_8000.rank_" + rank)
+	}
+	for _, tc := range []struct {
+		name         string
+		cfg          string
+		before       int64 // both ranks' cache before any request
+		learned      bool  // a continuation's first chunk shows its copy gone
+		cacheRank0   int64 // after the requests
+		cacheRank1   int64
+		ratePerRank0 int64
+	}{
+		{"stated", `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":40000},` + pools + `}`, 40000, false, 40000, 40000, 40000},
+		{"reported", `{"trust_client_dp_rank":true,"engine_metrics":{"enabled":true,"interval_ms":100,"stale_ms":60000},` + pools + `}`, 40000, false, 40000, 40000, 40000},
+		{"unknown", `{"trust_client_dp_rank":true,` + pools + `}`, 0, false, 0, 0, 40000},
+		{"learned", `{"trust_client_dp_rank":true,` + pools + `}`, 0, true, 31680, 0, 40000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startReported(t, vm, tc.cfg)
+				h.advance(100)
+				h.Tick()
+				for _, rank := range []string{"0", "1"} {
+					assert.Equal(t, tc.before, gauge(h, TargetCacheTokens, rank), "cache of rank %s before any request", rank)
+					assert.Zero(t, gauge(h, TargetPrefillRate, rank), "rate of rank %s before any first chunk", rank)
+				}
+				rng := rand.New(rand.NewSource(24))
+				d := prose(rng, 32000)
+				for _, doc := range []string{d, prose(rng, 32000), prose(rng, 32000), prose(rng, 32000)} {
+					computeOn(t, h, doc, "0", 200)
+				}
+				if tc.learned {
+					computeOn(t, h, d+prose(rng, 4000), "0", 225)
+				}
+				h.Tick()
+				assert.Equal(t, tc.cacheRank0, gauge(h, TargetCacheTokens, "0"))
+				assert.Equal(t, tc.cacheRank1, gauge(h, TargetCacheTokens, "1"))
+				if rate := gauge(h, TargetPrefillRate, "0"); h.wasm {
+					// wazero's clock moves at every reading, so 200 ms there is more.
+					assert.True(t, rate > 0 && rate < tc.ratePerRank0, "rate %d", rate)
+				} else {
+					assert.Equal(t, tc.ratePerRank0, rate)
+				}
+				assert.Zero(t, gauge(h, TargetPrefillRate, "1"))
+				assert.Zero(t, gauge(h, TargetActiveRequests, "0"), "every stream ended")
+			})
+		})
+	}
 }

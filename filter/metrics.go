@@ -34,7 +34,7 @@ type metrics struct {
 	decided      uint64                    // decisions this VM made, for sampling decisionTime
 
 	activeRequests *ledgerGauge
-	targetActive   map[uint64]*ledgerGauge // decode target id → gauge
+	targets        map[uint64]*targetGauges // by decode target id
 
 	models        []modelMetrics // per fleet of models, in order
 	modelNotFound proxywasm.MetricCounter
@@ -68,29 +68,55 @@ func defineMetrics(targets []routing.Target) *metrics {
 		modelNotFound:     proxywasm.DefineCounterMetric("kvroute_model_not_found"),
 		decisionTime:      proxywasm.DefineHistogramMetric("kvroute_decision_time_us"),
 		activeRequests:    &ledgerGauge{g: proxywasm.DefineGaugeMetric("kvroute_active_requests")},
-		targetActive:      map[uint64]*ledgerGauge{},
+		targets:           map[uint64]*targetGauges{},
 	}
 	for _, k := range routing.Kinds() {
 		name := "kvroute_decision_" + strings.ReplaceAll(k.String(), "-", "_")
 		m.decisions = append(m.decisions, batchedCounter{c: proxywasm.DefineCounterMetric(m.keepName(name))})
 	}
 	for _, t := range targets {
-		m.targetActive[t.ID] = &ledgerGauge{g: proxywasm.DefineGaugeMetric(m.keepName(TargetGaugeName(t)))}
+		m.targets[t.ID] = m.defineTargetGauges(t)
 	}
 	return m
 }
 
-// TargetGaugeName is kvroute_target_active_requests.<endpoint>.rank_<r>, with the
-// endpoint's '.' and ':' written as '_' so stats_tags can lift both into labels.
-func TargetGaugeName(t routing.Target) string {
-	ep := strings.NewReplacer(".", "_", ":", "_").Replace(t.Address)
-	return "kvroute_target_active_requests." + ep + ".rank_" + t.RankText
+// The per-target gauges' families: each target's gauge is <family>.<endpoint>.rank_<r>.
+const (
+	TargetActiveRequests = "kvroute_target_active_requests"
+	TargetCacheTokens    = "kvroute_target_cache_tokens"
+	TargetPrefillRate    = "kvroute_target_prefill_tokens_per_second"
+)
+
+// TargetGaugeFamilies are the per-target gauges every decode target has.
+var TargetGaugeFamilies = []string{TargetActiveRequests, TargetCacheTokens, TargetPrefillRate}
+
+// targetGauges are one decode target's gauges, set from the shared ledger.
+type targetGauges struct {
+	active *ledgerGauge // requests sent and not yet ended
+	cache  *ledgerGauge // the prefix cache decisions take it to hold, in tokens (0: unknown)
+	rate   *ledgerGauge // its observed prefill rate, in tokens a second (0: none yet)
 }
 
-// setTargetLoad sets a target's gauge to the ledger's figure.
+func (m *metrics) defineTargetGauges(t routing.Target) *targetGauges {
+	def := func(family string) *ledgerGauge {
+		return &ledgerGauge{g: proxywasm.DefineGaugeMetric(m.keepName(TargetGaugeName(family, t)))}
+	}
+	return &targetGauges{active: def(TargetActiveRequests), cache: def(TargetCacheTokens), rate: def(TargetPrefillRate)}
+}
+
+// TargetGaugeName is <family>.<endpoint>.rank_<r>, with the endpoint's '.' and ':'
+// written as '_' so stats_tags can lift both into labels.
+func TargetGaugeName(family string, t routing.Target) string {
+	ep := strings.NewReplacer(".", "_", ":", "_").Replace(t.Address)
+	return family + "." + ep + ".rank_" + t.RankText
+}
+
+// setTargetLoad sets a target's gauges to the ledger's figures.
 func (m *metrics) setTargetLoad(id uint64, l routing.Load) {
-	if g, ok := m.targetActive[id]; ok {
-		g.set(l.Requests)
+	if g, ok := m.targets[id]; ok {
+		g.active.set(l.Requests)
+		g.cache.set(l.Cache)
+		g.rate.set(l.PrefillRate())
 	}
 }
 

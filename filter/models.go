@@ -115,8 +115,14 @@ func (p *pluginContext) setLoadGauges() {
 			return
 		}
 		for i, t := range f.Router.DecodeTargets() {
-			l := p.gaugeLoads[t.ID]
-			l.Requests += loads[i].Requests
+			// A target fleets share: the requests of all, the cache and rate of
+			// the fleet that has timed the most of its prefill.
+			l, seen := p.gaugeLoads[t.ID]
+			requests := l.Requests + loads[i].Requests
+			if !seen || loads[i].RateMS > l.RateMS {
+				l = loads[i]
+			}
+			l.Requests = requests
 			p.gaugeLoads[t.ID] = l
 		}
 	}

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"encoding/json"
+	"math/rand"
 	"strconv"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -272,5 +275,42 @@ func TestModelsDiscoverPerFleet(t *testing.T) {
 		dest, _, _ = h.routeModel(`"b"`, "two")
 		assert.Equal(t, "10.0.2.1:8000", dest)
 		assert.Equal(t, int64(0), h.gauge("kvroute_target_active_requests.10_0_2_1_8000.rank_0"), "a discovered fleet target gets its gauge")
+	})
+}
+
+// TestATargetFleetsShareShowsTheFleetThatTimedItInFilter: two fleets on one endpoint.
+// Its active gauge counts both fleets' requests; its rate is that of the fleet that
+// has timed its prefill (llama's, listed second: 8000 tokens in 200 ms), not of the
+// fleet that has timed nothing.
+func TestATargetFleetsShareShowsTheFleetThatTimedItInFilter(t *testing.T) {
+	const cfg = `{"models":[
+		{"names":["qwen3-32b"],"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"}]}}},
+		{"names":["llama-3.1-70b"],"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"}]}}}]}`
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, cfg)
+		rng := rand.New(rand.NewSource(31))
+		open := func(model string) uint32 {
+			b, _ := json.Marshal(map[string]any{"model": model, "prompt": prose(rng, 32000)})
+			id, _ := h.send(post("/v1/completions", string(b)))
+			h.stream(id)
+			return id
+		}
+		timed := open("llama-3.1-70b")
+		h.advance(200)
+		h.firstChunk(timed)
+		h.endStream(timed)
+		ids := []uint32{open("qwen3-32b"), open("llama-3.1-70b")}
+		h.Tick()
+		target := routing.Target{Address: "10.0.0.1:8000", RankText: "0"}
+		assert.Equal(t, int64(2), h.gauge(TargetGaugeName(TargetActiveRequests, target)), "one request of each fleet")
+		rate := h.gauge(TargetGaugeName(TargetPrefillRate, target))
+		if h.wasm { // wazero's clock moves at every reading: 200 ms there is more
+			assert.True(t, rate > 0 && rate < 40000, "rate %d", rate)
+		} else {
+			assert.Equal(t, int64(40000), rate)
+		}
+		for _, id := range ids {
+			h.endStream(id)
+		}
 	})
 }

@@ -161,6 +161,15 @@ func (l *Load) CacheOr(limit int64) int64 {
 	return limit
 }
 
+// PrefillRate is the prefill rate observed on the target, in tokens a second (0: none
+// seen yet).
+func (l *Load) PrefillRate() int64 {
+	if l.RateMS <= 0 {
+		return 0
+	}
+	return l.RateTokens * 1000 / l.RateMS
+}
+
 // PrefillAhead estimates the queued prefill tokens still ahead of a request sent
 // now: Prefill less what the target has computed since the queue was last known to
 // be all ahead, at its observed rate; Prefill itself when no rate has been seen.

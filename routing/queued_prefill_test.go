@@ -10,14 +10,15 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// decodeLoad is the ledger's view of target address in r's decode pool.
+// decodeLoad is the ledger's view of the load on target address in r's decode pool,
+// without its clocks and rate.
 func decodeLoad(t *testing.T, r *Router, address string) Load {
 	t.Helper()
 	loads, err := r.Loads()
 	require.NoError(t, err)
 	for i, tg := range r.DecodeTargets() {
-		if tg.Address == address {
-			return loads[i]
+		if l := loads[i]; tg.Address == address {
+			return Load{Requests: l.Requests, Prefills: l.Prefills, Tokens: l.Tokens, Prefill: l.Prefill}
 		}
 	}
 	t.Fatalf("no target %s", address)

@@ -282,12 +282,7 @@ const engineReadMS = 100
 // reports is the target's cache until its first chunks have taught a smaller one. A
 // board that cannot be read leaves the ledger's figures.
 func (r *Router) addEngineLoad(p *poolState, v *poolView, nowMS int64) {
-	if nowMS-p.engineReadAt >= engineReadMS || nowMS < p.engineReadAt {
-		if err := p.engine.ReadInto(p.engineFigures, nowMS, r.cfg.EngineMetrics.StaleMS); err != nil {
-			clear(p.engineFigures)
-		}
-		p.engineReadAt = nowMS
-	}
+	r.readEngine(p, nowMS)
 	if len(p.engineFigures) == 0 {
 		return
 	}
@@ -323,6 +318,18 @@ func (r *Router) addEngineLoad(p *poolState, v *poolView, nowMS int64) {
 		}
 		l.Tokens += (engine - l.Requests) * perRequest
 		l.Requests = engine
+	}
+}
+
+// readEngine re-reads the engine board into p.engineFigures once the last read is
+// engineReadMS old, or the clock went back. A board that cannot be read leaves no
+// figures.
+func (r *Router) readEngine(p *poolState, nowMS int64) {
+	if nowMS-p.engineReadAt >= engineReadMS || nowMS < p.engineReadAt {
+		if err := p.engine.ReadInto(p.engineFigures, nowMS, r.cfg.EngineMetrics.StaleMS); err != nil {
+			clear(p.engineFigures)
+		}
+		p.engineReadAt = nowMS
 	}
 }
 
@@ -1358,15 +1365,20 @@ func (r *Router) FlushLoad() error {
 	return err
 }
 
-// Loads returns the live load of every target of the decode pool, in pool order.
+// Loads returns the live load of every target of the decode pool, in pool order. Each
+// Load's Cache is the one decisions go by: the learned cache, at most the size stated
+// or reported, else that size (0: unknown).
 func (r *Router) Loads() ([]Load, error) {
-	snap, err := r.decode.ledger.Snapshot(r.now())
-	if err != nil {
+	p, nowMS := r.decode, r.now()
+	out := make([]Load, len(p.targets.Targets))
+	if err := p.ledger.LoadsInto(nowMS, p.targets.Index, out); err != nil {
 		return nil, err
 	}
-	out := make([]Load, len(r.decode.targets.Targets))
-	for i, t := range r.decode.targets.Targets {
-		out[i] = snap[t.ID]
+	if p.engine != nil {
+		r.readEngine(p, nowMS) // the reported size, also while no request comes
+	}
+	for i, t := range p.targets.Targets {
+		out[i].Cache = out[i].CacheOr(r.cacheLimit(p, t.ID))
 	}
 	return out, nil
 }

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/deploy/tools/validate"
 )
 
 // envoyVersion runs `envoy --version` and returns major and minor.
@@ -308,15 +310,17 @@ func checkRouting(t *testing.T, e *envoyRun) {
 	prom := readAll(mustGet(t, e.admin+"/stats/prometheus"))
 	for _, tg := range []target{{e.a.Addr, "0"}, {e.a.Addr, "1"}, {e.b.Addr, "0"}} {
 		ep := strings.NewReplacer(".", "_", ":", "_").Replace(tg.worker)
-		found := false
-		for _, l := range strings.Split(prom, "\n") {
-			if strings.HasPrefix(l, "kvroute_target_active_requests{") &&
-				strings.Contains(l, `kvroute_endpoint="`+ep+`"`) && strings.Contains(l, `kvroute_rank="`+tg.rank+`"`) {
-				found = true
+		for _, family := range validate.TargetGaugeFamilies {
+			found := false
+			for _, l := range strings.Split(prom, "\n") {
+				if strings.HasPrefix(l, family+"{") &&
+					strings.Contains(l, `kvroute_endpoint="`+ep+`"`) && strings.Contains(l, `kvroute_rank="`+tg.rank+`"`) {
+					found = true
+				}
 			}
-		}
-		if !found {
-			t.Errorf("/stats/prometheus has no kvroute_target_active_requests{kvroute_endpoint=%q,kvroute_rank=%q}:\n%s", ep, tg.rank, grep(prom, "kvroute"))
+			if !found {
+				t.Errorf("/stats/prometheus has no %s{kvroute_endpoint=%q,kvroute_rank=%q}:\n%s", family, ep, tg.rank, grep(prom, "kvroute"))
+			}
 		}
 	}
 	if !regexp.MustCompile(`(?m)^kvroute_requests_routed(\{\})? \d+`).MatchString(prom) {

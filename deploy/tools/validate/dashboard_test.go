@@ -52,13 +52,19 @@ func TestDashboardPerTargetQueriesWorkWithoutTags(t *testing.T) {
 	tags := loadBootstrap(t, docs[0].JSON).GetStatsConfig().GetStatsTags()
 	lifted := regexp.MustCompile(`"(kvroute_endpoint|kvroute_rank)", "\$1", "__name__", "([^"]+)"`)
 	nameSel := regexp.MustCompile(`__name__=~"([^"]+)"`)
-	panels := 0
+	panels := map[string]int{} // by gauge family
 	for _, p := range dash.Panels {
 		for _, tg := range p.Targets {
-			if !strings.Contains(tg.Expr, "kvroute_target_active_requests") {
+			family := ""
+			for _, f := range TargetGaugeFamilies {
+				if strings.Contains(tg.Expr, f) {
+					family = f
+				}
+			}
+			if family == "" {
 				continue
 			}
-			panels++
+			panels[family]++
 			all := strings.ReplaceAll(tg.Expr, "$endpoint", ".*") // the variable's "All"
 			sel := nameSel.FindStringSubmatch(all)
 			if sel == nil {
@@ -70,7 +76,7 @@ func TestDashboardPerTargetQueriesWorkWithoutTags(t *testing.T) {
 				t.Fatalf("%s: want label_replace for kvroute_endpoint and kvroute_rank, got %q", p.Title, rules)
 			}
 			for _, target := range routingTargets(cfgs[0]) {
-				stat, ep := TargetGaugeName(target)
+				stat, ep := TargetGaugeName(family, target)
 				tagged, tagVals, err := ExtractTags(stat, tags)
 				if err != nil {
 					t.Fatal(err)
@@ -96,8 +102,13 @@ func TestDashboardPerTargetQueriesWorkWithoutTags(t *testing.T) {
 			}
 		}
 	}
-	if panels < 2 {
-		t.Fatalf("want the per-target panels, found %d queries", panels)
+	if panels[TargetGaugeFamilies[0]] < 2 {
+		t.Fatalf("want the per-target panels of %s, found %d queries", TargetGaugeFamilies[0], panels[TargetGaugeFamilies[0]])
+	}
+	for _, f := range TargetGaugeFamilies[1:] {
+		if panels[f] == 0 {
+			t.Errorf("no panel shows %s", f)
+		}
 	}
 }
 
@@ -112,4 +123,25 @@ func mustRead(t *testing.T, p string) []byte {
 
 func routingTargets(cfg config.Config) []routing.Target {
 	return routing.NewPoolTargets(cfg.Pools.Decode).Targets
+}
+
+// The per-target gauges checked here are the ones the filter defines, and the metric
+// reference lists each.
+func TestTargetGaugeFamiliesAreTheFiltersOwn(t *testing.T) {
+	root := repoRoot(t)
+	src := string(mustRead(t, filepath.Join(root, "filter/metrics.go")))
+	defined := regexp.MustCompile(`"(kvroute_target_[a-z_]+)"`).FindAllStringSubmatch(src, -1)
+	var names []string
+	for _, m := range defined {
+		names = append(names, m[1])
+	}
+	if strings.Join(names, " ") != strings.Join(TargetGaugeFamilies, " ") {
+		t.Errorf("filter/metrics.go defines %v, the validator checks %v", names, TargetGaugeFamilies)
+	}
+	docs := string(mustRead(t, filepath.Join(root, "docs/metrics.md")))
+	for _, f := range TargetGaugeFamilies {
+		if !strings.Contains(docs, "| `"+f+".<endpoint>.rank_<r>` | gauge |") {
+			t.Errorf("docs/metrics.md has no row for %s", f)
+		}
+	}
 }

@@ -443,11 +443,19 @@ func bufferLimit(v *wrapperspb.UInt32Value) int64 {
 	return int64(v.GetValue())
 }
 
-// TargetGaugeName is the Envoy stat name of a target's gauge, as the filter defines it
-// (filter/metrics.go) with Envoy's "wasmcustom." prefix for wasm-defined stats.
-func TargetGaugeName(t routing.Target) (name, endpointLabel string) {
+// TargetGaugeFamilies are the per-target gauges the filter defines for every decode
+// target (filter/metrics.go).
+var TargetGaugeFamilies = []string{
+	"kvroute_target_active_requests",
+	"kvroute_target_cache_tokens",
+	"kvroute_target_prefill_tokens_per_second",
+}
+
+// TargetGaugeName is the Envoy stat name of a target's gauge of family, as the filter
+// defines it with Envoy's "wasmcustom." prefix for wasm-defined stats.
+func TargetGaugeName(family string, t routing.Target) (name, endpointLabel string) {
 	ep := strings.NewReplacer(".", "_", ":", "_").Replace(t.Address)
-	return "wasmcustom.kvroute_target_active_requests." + ep + ".rank_" + t.RankText, ep
+	return "wasmcustom." + family + "." + ep + ".rank_" + t.RankText, ep
 }
 
 // ExtractTags applies Envoy's regex tag extraction to a stat name: for each specifier
@@ -487,9 +495,9 @@ func ExtractTags(name string, specs []*metricsv3.TagSpecifier) (string, map[stri
 	return b.String(), tags, nil
 }
 
-// CheckStatsTags requires the stats tags to turn every decode target's gauge into
-// kvroute_target_active_requests{kvroute_endpoint=...,kvroute_rank=...} and to leave the
-// other kvroute stats alone.
+// CheckStatsTags requires the stats tags to turn every decode target's gauges into
+// kvroute_target_<gauge>{kvroute_endpoint=...,kvroute_rank=...} and to leave the other
+// kvroute stats alone.
 func CheckStatsTags(specs []*metricsv3.TagSpecifier, cfg config.Config) error {
 	var errs []error
 	var targets []routing.Target
@@ -511,15 +519,17 @@ func CheckStatsTags(specs []*metricsv3.TagSpecifier, cfg config.Config) error {
 		}
 	}
 	for _, t := range targets {
-		name, ep := TargetGaugeName(t)
-		got, tags, err := ExtractTags(name, specs)
-		if err != nil {
-			return err
-		}
-		want := map[string]string{"kvroute_endpoint": ep, "kvroute_rank": strconv.Itoa(t.Rank)}
-		if got != "wasmcustom.kvroute_target_active_requests" || !sameTags(tags, want) {
-			errs = append(errs, fmt.Errorf("%s becomes %s%s, want wasmcustom.kvroute_target_active_requests%s",
-				name, got, fmtTags(tags), fmtTags(want)))
+		for _, family := range TargetGaugeFamilies {
+			name, ep := TargetGaugeName(family, t)
+			got, tags, err := ExtractTags(name, specs)
+			if err != nil {
+				return err
+			}
+			want := map[string]string{"kvroute_endpoint": ep, "kvroute_rank": strconv.Itoa(t.Rank)}
+			if got != "wasmcustom."+family || !sameTags(tags, want) {
+				errs = append(errs, fmt.Errorf("%s becomes %s%s, want wasmcustom.%s%s",
+					name, got, fmtTags(tags), family, fmtTags(want)))
+			}
 		}
 	}
 	for _, plain := range []string{"wasmcustom.kvroute_requests_routed", "wasmcustom.kvroute_active_requests", "wasmcustom.kvroute_decision_sticky"} {

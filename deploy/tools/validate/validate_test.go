@@ -254,7 +254,8 @@ func TestBootstrapRefusals(t *testing.T) {
 		{"buffer below max_body_bytes", oh, "    per_connection_buffer_limit_bytes: 16777216\n    filter_chains:", "    per_connection_buffer_limit_bytes: 1048576\n    filter_chains:", "must exceed max_body_bytes"},
 		{"no buffer limit (Envoy's 1 MiB)", oh, "    per_connection_buffer_limit_bytes: 16777216\n    filter_chains:", "    filter_chains:", "must exceed max_body_bytes"},
 		{"default route timeout", oh, "                  timeout: 0s\n", "", "route timeout"},
-		{"stats tag regex that misses", oh, `regex: '^wasmcustom\.kvroute_target_active_requests\.[^.]+(\.rank_([0-9]+))$'`, `regex: '^kvroute_target_active_requests\.[^.]+(\.rank_([0-9]+))$'`, "want wasmcustom.kvroute_target_active_requests"},
+		{"stats tag regex that misses", oh, `regex: '^wasmcustom\.kvroute_target_[a-z_]+\.[^.]+(\.rank_([0-9]+))$'`, `regex: '^kvroute_target_[a-z_]+\.[^.]+(\.rank_([0-9]+))$'`, "want wasmcustom.kvroute_target_active_requests"},
+		{"stats tags for one gauge only", oh, `regex: '^wasmcustom\.kvroute_target_[a-z_]+(\.([^.]+))\.rank_[0-9]+$'`, `regex: '^wasmcustom\.kvroute_target_active_requests(\.([^.]+))\.rank_[0-9]+$'`, "want wasmcustom.kvroute_target_cache_tokens"},
 		{"DNS name endpoint", oh, `{"address": "127.0.0.1:8002", "dp_size": 1}`, `{"address": "worker-2.local:8002", "dp_size": 1}`, "only IP:port"},
 		{"router not last", oh, "          - name: envoy.filters.http.wasm\n", "          - name: envoy.filters.http.router\n            typed_config:\n              \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router\n          - name: envoy.filters.http.wasm\n", "router must be the last"},
 		{"admin exposed", oh, "socket_address: {address: 127.0.0.1, port_value: 9901}", "socket_address: {address: 0.0.0.0, port_value: 9901}", "admin listens"},
@@ -383,8 +384,8 @@ func TestExtractTags(t *testing.T) {
 	if err := CheckStatsTags(b.GetStatsConfig().GetStatsTags(), cfg); err != nil {
 		t.Fatal(err)
 	}
-	name, tags, err := ExtractTags("wasmcustom.kvroute_target_active_requests.10_1_2_3_65535.rank_0", b.GetStatsConfig().GetStatsTags())
-	if err != nil || name != "wasmcustom.kvroute_target_active_requests" || tags["kvroute_endpoint"] != "10_1_2_3_65535" || tags["kvroute_rank"] != "0" {
+	name, tags, err := ExtractTags("wasmcustom.kvroute_target_prefill_tokens_per_second.10_1_2_3_65535.rank_0", b.GetStatsConfig().GetStatsTags())
+	if err != nil || name != "wasmcustom.kvroute_target_prefill_tokens_per_second" || tags["kvroute_endpoint"] != "10_1_2_3_65535" || tags["kvroute_rank"] != "0" {
 		t.Fatalf("got %q %v %v", name, tags, err)
 	}
 }
