@@ -280,37 +280,41 @@ func TestModelsDiscoverPerFleet(t *testing.T) {
 
 // TestATargetFleetsShareShowsTheFleetThatTimedItInFilter: two fleets on one endpoint.
 // Its active gauge counts both fleets' requests; its rate is that of the fleet that
-// has timed its prefill (llama's, listed second: 8000 tokens in 200 ms), not of the
-// fleet that has timed nothing.
+// has timed its prefill (8000 tokens in 200 ms), not of the fleet that has timed
+// nothing, whichever is listed first.
 func TestATargetFleetsShareShowsTheFleetThatTimedItInFilter(t *testing.T) {
-	const cfg = `{"models":[
-		{"names":["qwen3-32b"],"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"}]}}},
-		{"names":["llama-3.1-70b"],"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"}]}}}]}`
-	bothVMs(t, func(t *testing.T, vm types.VMContext) {
-		h := startHost(t, vm, cfg)
-		rng := rand.New(rand.NewSource(31))
-		open := func(model string) uint32 {
-			b, _ := json.Marshal(map[string]any{"model": model, "prompt": prose(rng, 32000)})
-			id, _ := h.send(post("/v1/completions", string(b)))
-			h.stream(id)
-			return id
-		}
-		timed := open("llama-3.1-70b")
-		h.advance(200)
-		h.firstChunk(timed)
-		h.endStream(timed)
-		ids := []uint32{open("qwen3-32b"), open("llama-3.1-70b")}
-		h.Tick()
-		target := routing.Target{Address: "10.0.0.1:8000", RankText: "0"}
-		assert.Equal(t, int64(2), h.gauge(TargetGaugeName(TargetActiveRequests, target)), "one request of each fleet")
-		rate := h.gauge(TargetGaugeName(TargetPrefillRate, target))
-		if h.wasm { // wazero's clock moves at every reading: 200 ms there is more
-			assert.True(t, rate > 0 && rate < 40000, "rate %d", rate)
-		} else {
-			assert.Equal(t, int64(40000), rate)
-		}
-		for _, id := range ids {
-			h.endStream(id)
-		}
-	})
+	fleet := func(name string) string {
+		return `{"names":["` + name + `"],"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000"}]}}}`
+	}
+	for _, order := range [][2]string{{"qwen3-32b", "llama-3.1-70b"}, {"llama-3.1-70b", "qwen3-32b"}} {
+		t.Run(order[0]+" first", func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, `{"models":[`+fleet(order[0])+`,`+fleet(order[1])+`]}`)
+				rng := rand.New(rand.NewSource(31))
+				open := func(model string) uint32 {
+					b, _ := json.Marshal(map[string]any{"model": model, "prompt": prose(rng, 32000)})
+					id, _ := h.send(post("/v1/completions", string(b)))
+					h.stream(id)
+					return id
+				}
+				timed := open("llama-3.1-70b")
+				h.advance(200)
+				h.firstChunk(timed)
+				h.endStream(timed)
+				ids := []uint32{open("qwen3-32b"), open("llama-3.1-70b")}
+				h.Tick()
+				target := routing.Target{Address: "10.0.0.1:8000", RankText: "0"}
+				assert.Equal(t, int64(2), h.gauge(TargetGaugeName(TargetActiveRequests, target)), "one request of each fleet")
+				rate := h.gauge(TargetGaugeName(TargetPrefillRate, target))
+				if h.wasm { // wazero's clock moves at every reading: 200 ms there is more
+					assert.True(t, rate > 0 && rate < 40000, "rate %d", rate)
+				} else {
+					assert.Equal(t, int64(40000), rate)
+				}
+				for _, id := range ids {
+					h.endStream(id)
+				}
+			})
+		})
+	}
 }
