@@ -185,8 +185,8 @@ func (p *pluginContext) discoveryFailed(d *discoveryPoll, format string, args ..
 	proxywasm.LogWarnf(format, args...)
 }
 
-// followTargets defines the gauges of decode targets that joined and zeroes those of
-// targets that left, when the router's targets changed since it last looked.
+// followTargets defines the gauges of targets that joined and zeroes those of targets
+// that left, when the router's targets changed since it last looked.
 func (p *pluginContext) followTargets() {
 	var n uint64
 	for _, f := range p.fleets.All() {
@@ -196,23 +196,32 @@ func (p *pluginContext) followTargets() {
 		return
 	}
 	p.targetChanges = n
-	p.metrics.followTargets(p.decodeTargets())
+	p.metrics.followTargets(p.decodeTargets(), p.prefillTargets())
 }
 
 // maxTargetGauges bounds the targets one plugin defines gauges for: Envoy keeps a
 // defined stat for the VM's life, and pod addresses churn with every rollout.
 const maxTargetGauges = 4096
 
-// followTargets makes the per-target gauges those of targets: new targets get theirs
-// (until maxTargetGauges), targets no longer there are set to zero.
-func (m *metrics) followTargets(targets []routing.Target) {
-	present := make(map[uint64]bool, len(targets))
-	for _, t := range targets {
-		present[t.ID] = true
-		if _, ok := m.targets[t.ID]; !ok && len(m.targets) < maxTargetGauges {
-			m.targets[t.ID] = m.defineTargetGauges(t)
+// followTargets makes the per-target gauges those of the decode and prefill targets:
+// new targets get theirs (until maxTargetGauges), targets no longer there are set to
+// zero. A target in both pools has the decode target's gauges.
+func (m *metrics) followTargets(decode, prefill []routing.Target) {
+	present := make(map[uint64]bool, len(decode)+len(prefill))
+	define := func(targets []routing.Target, decode bool) {
+		for _, t := range targets {
+			present[t.ID] = true
+			g, ok := m.targets[t.ID]
+			switch {
+			case !ok && len(m.targets) < maxTargetGauges:
+				m.targets[t.ID] = m.defineTargetGauges(t, decode)
+			case ok && decode && g.rate == nil: // a prefill target now decodes too
+				g.rate = m.targetGauge(TargetPrefillRate, t)
+			}
 		}
 	}
+	define(decode, true)
+	define(prefill, false)
 	for id := range m.targets {
 		if !present[id] {
 			m.setTargetLoad(id, routing.Load{})

@@ -34,7 +34,7 @@ type metrics struct {
 	decided      uint64                    // decisions this VM made, for sampling decisionTime
 
 	activeRequests *ledgerGauge
-	targets        map[uint64]*targetGauges // by decode target id
+	targets        map[uint64]*targetGauges // by target id, decode and prefill
 
 	models        []modelMetrics // per fleet of models, in order
 	modelNotFound proxywasm.MetricCounter
@@ -51,7 +51,7 @@ func (m *metrics) keepName(name string) string {
 	return name
 }
 
-func defineMetrics(targets []routing.Target) *metrics {
+func defineMetrics(decode, prefill []routing.Target) *metrics {
 	m := &metrics{
 		requestsRouted:    batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_requests_routed")},
 		pdDisaggregated:   batchedCounter{c: proxywasm.DefineCounterMetric("kvroute_pd_disaggregated")},
@@ -74,9 +74,7 @@ func defineMetrics(targets []routing.Target) *metrics {
 		name := "kvroute_decision_" + strings.ReplaceAll(k.String(), "-", "_")
 		m.decisions = append(m.decisions, batchedCounter{c: proxywasm.DefineCounterMetric(m.keepName(name))})
 	}
-	for _, t := range targets {
-		m.targets[t.ID] = m.defineTargetGauges(t)
-	}
+	m.followTargets(decode, prefill)
 	return m
 }
 
@@ -87,21 +85,27 @@ const (
 	TargetPrefillRate    = "kvroute_target_prefill_tokens_per_second"
 )
 
-// TargetGaugeFamilies are the per-target gauges every decode target has.
+// TargetGaugeFamilies are the per-target gauges every decode target has. A prefill
+// target has all but the rate, which kvroute times on decode targets only.
 var TargetGaugeFamilies = []string{TargetActiveRequests, TargetCacheTokens, TargetPrefillRate}
 
-// targetGauges are one decode target's gauges, set from the shared ledger.
+// targetGauges are one target's gauges, set from the shared ledger.
 type targetGauges struct {
-	active *ledgerGauge // requests sent and not yet ended
+	active *ledgerGauge // requests sent and not yet ended (on a prefill target: their prefill)
 	cache  *ledgerGauge // the prefix cache decisions take it to hold, in tokens (0: unknown)
-	rate   *ledgerGauge // its observed prefill rate, in tokens a second (0: none yet)
+	rate   *ledgerGauge // its observed prefill rate, in tokens a second (0: none yet); nil on a prefill target
 }
 
-func (m *metrics) defineTargetGauges(t routing.Target) *targetGauges {
-	def := func(family string) *ledgerGauge {
-		return &ledgerGauge{g: proxywasm.DefineGaugeMetric(m.keepName(TargetGaugeName(family, t)))}
+func (m *metrics) defineTargetGauges(t routing.Target, decode bool) *targetGauges {
+	g := &targetGauges{active: m.targetGauge(TargetActiveRequests, t), cache: m.targetGauge(TargetCacheTokens, t)}
+	if decode {
+		g.rate = m.targetGauge(TargetPrefillRate, t)
 	}
-	return &targetGauges{active: def(TargetActiveRequests), cache: def(TargetCacheTokens), rate: def(TargetPrefillRate)}
+	return g
+}
+
+func (m *metrics) targetGauge(family string, t routing.Target) *ledgerGauge {
+	return &ledgerGauge{g: proxywasm.DefineGaugeMetric(m.keepName(TargetGaugeName(family, t)))}
 }
 
 // TargetGaugeName is <family>.<endpoint>.rank_<r>, with the endpoint's '.' and ':'
@@ -116,7 +120,9 @@ func (m *metrics) setTargetLoad(id uint64, l routing.Load) {
 	if g, ok := m.targets[id]; ok {
 		g.active.set(l.Requests)
 		g.cache.set(l.Cache)
-		g.rate.set(l.PrefillRate())
+		if g.rate != nil {
+			g.rate.set(l.PrefillRate())
+		}
 	}
 }
 

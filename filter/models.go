@@ -96,9 +96,18 @@ func (p *pluginContext) decodeTargets() []routing.Target {
 	return out
 }
 
+// prefillTargets are the prefill targets of every fleet.
+func (p *pluginContext) prefillTargets() []routing.Target {
+	var out []routing.Target
+	for _, f := range p.fleets.All() {
+		out = append(out, f.Router.PrefillTargets()...)
+	}
+	return out
+}
+
 // setLoadGauges sets the per-target gauges and the total from every fleet's ledger.
 func (p *pluginContext) setLoadGauges() {
-	if len(p.fleets.Models) == 0 {
+	if len(p.fleets.Models) == 0 && len(p.router.PrefillTargets()) == 0 {
 		p.setRouterGauges(p.router)
 		return
 	}
@@ -106,6 +115,7 @@ func (p *pluginContext) setLoadGauges() {
 		p.gaugeLoads = map[uint64]routing.Load{}
 	}
 	clear(p.gaugeLoads)
+	var total int64
 	for _, f := range p.fleets.All() {
 		if !f.Router.InUse() {
 			continue
@@ -114,24 +124,36 @@ func (p *pluginContext) setLoadGauges() {
 		if err != nil {
 			return
 		}
-		for i, t := range f.Router.DecodeTargets() {
-			// A target fleets share: the requests of all, the cache and rate of
-			// the fleet that has timed the most of its prefill.
-			l, seen := p.gaugeLoads[t.ID]
-			requests := l.Requests + loads[i].Requests
-			if !seen || loads[i].RateMS > l.RateMS {
-				l = loads[i]
-			}
-			l.Requests = requests
-			p.gaugeLoads[t.ID] = l
+		prefill, err := f.Router.PrefillLoads()
+		if err != nil {
+			return
+		}
+		p.addGaugeLoads(f.Router.DecodeTargets(), loads)
+		p.addGaugeLoads(f.Router.PrefillTargets(), prefill)
+		for _, l := range loads {
+			total += l.Requests // every request is on a decode target
 		}
 	}
-	var total int64
 	for id, l := range p.gaugeLoads {
 		p.metrics.setTargetLoad(id, l)
-		total += l.Requests
 	}
 	p.metrics.activeRequests.set(total)
+}
+
+// addGaugeLoads adds one pool's loads to gaugeLoads. A target two fleets or both
+// pools share carries the requests of all, and the cache and rate of the load that
+// has timed the most of its prefill (a decode target's, since a prefill target is
+// never timed).
+func (p *pluginContext) addGaugeLoads(targets []routing.Target, loads []routing.Load) {
+	for i, t := range targets {
+		l, seen := p.gaugeLoads[t.ID]
+		requests := l.Requests + loads[i].Requests
+		if !seen || loads[i].RateMS > l.RateMS {
+			l = loads[i]
+		}
+		l.Requests = requests
+		p.gaugeLoads[t.ID] = l
+	}
 }
 
 // setRouterGauges is the gauges of a single fleet.

@@ -320,3 +320,52 @@ func TestClientPDFieldsNeverReachAWorker(t *testing.T) {
 		h.respond(id, 200)
 	})
 }
+
+// A prefill target has its own active and cache gauges, the decode targets and the
+// total count each request once, and a target in both pools carries both loads.
+func TestPrefillTargetsHaveGauges(t *testing.T) {
+	const decodeActive = "kvroute_target_active_requests.10_0_1_1_8000.rank_0"
+	fleet := func(prefill string) string {
+		return `{"disaggregation":{"mode":"sidecar","threshold_tokens":100},"prefix":{"target_cache_tokens":40000},
+			"pools":{"decode":{"endpoints":[{"address":"10.0.1.1:8000"}]},"prefill":{"endpoints":[` + prefill + `]}}}`
+	}
+	t.Run("own endpoint", func(t *testing.T) {
+		bothVMs(t, func(t *testing.T, vm types.VMContext) {
+			h := startHost(t, vm, fleet(`{"address":"10.0.2.1:8000","dp_size":2}`))
+			prefillActive := func() int64 {
+				return h.gauge("kvroute_target_active_requests.10_0_2_1_8000.rank_0") +
+					h.gauge("kvroute_target_active_requests.10_0_2_1_8000.rank_1")
+			}
+			assert.Equal(t, int64(0), prefillActive())
+			assert.Equal(t, int64(40000), h.gauge("kvroute_target_cache_tokens.10_0_2_1_8000.rank_1"), "the stated size")
+			_, err := h.GetGaugeMetric("kvroute_target_prefill_tokens_per_second.10_0_2_1_8000.rank_0")
+			assert.Error(t, err, "a prefill target is never timed")
+
+			id, _ := h.send(post("/v1/chat/completions", longChat(99, "")))
+			pf, _ := h.header(id, "x-prefiller-host-port")
+			require.Equal(t, "10.0.2.1:8000", pf)
+			assert.Equal(t, int64(1), prefillActive())
+			assert.Equal(t, int64(1), h.gauge(decodeActive))
+			assert.Equal(t, int64(1), h.gauge("kvroute_active_requests"), "one request")
+			h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+			assert.Equal(t, int64(0), prefillActive(), "the prefill ends when the decoder answers")
+			assert.Equal(t, int64(1), h.gauge(decodeActive))
+			h.CompleteHttpContext(id)
+			assert.Equal(t, int64(0), h.gauge(decodeActive))
+		})
+	})
+	t.Run("shared with decode", func(t *testing.T) {
+		bothVMs(t, func(t *testing.T, vm types.VMContext) {
+			h := startHost(t, vm, fleet(`{"address":"10.0.1.1:8000"}`))
+			_, err := h.GetGaugeMetric("kvroute_target_prefill_tokens_per_second.10_0_1_1_8000.rank_0")
+			assert.NoError(t, err, "a target that also decodes keeps its rate")
+			id, _ := h.send(post("/v1/chat/completions", longChat(99, "")))
+			assert.Equal(t, int64(2), h.gauge(decodeActive), "decoding and prefilling the same request")
+			assert.Equal(t, int64(1), h.gauge("kvroute_active_requests"), "one request")
+			h.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+			assert.Equal(t, int64(1), h.gauge(decodeActive))
+			h.CompleteHttpContext(id)
+			assert.Equal(t, int64(0), h.gauge(decodeActive))
+		})
+	})
+}

@@ -61,7 +61,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	p.fleets = routing.NewFleets(&p.cfg, shareddata.Store{}, func() int64 { return nowMS() })
 	p.router = p.fleets.Default.Router
 	p.catalogue = p.fleets.CatalogueBody()
-	p.metrics = defineMetrics(p.decodeTargets())
+	p.metrics = defineMetrics(p.decodeTargets(), p.prefillTargets())
 	p.metrics.defineModelMetrics(p.fleets.Models)
 	p.scrapeLease = engine.NewScrapeLease(shareddata.Store{}, cfg.State.Namespace, cfg.State.MaxCASRetries)
 	p.initDiscovery()

@@ -1368,8 +1368,19 @@ func (r *Router) FlushLoad() error {
 // Loads returns the live load of every target of the decode pool, in pool order. Each
 // Load's Cache is the one decisions go by: the learned cache, at most the size stated
 // or reported, else that size (0: unknown).
-func (r *Router) Loads() ([]Load, error) {
-	p, nowMS := r.decode, r.now()
+func (r *Router) Loads() ([]Load, error) { return r.poolLoads(r.decode) }
+
+// PrefillLoads is Loads for the prefill pool (empty without one). A prefill target
+// learns neither cache nor rate: its Cache is the size stated or reported.
+func (r *Router) PrefillLoads() ([]Load, error) {
+	if !r.prefill.inUse() {
+		return nil, nil
+	}
+	return r.poolLoads(r.prefill)
+}
+
+func (r *Router) poolLoads(p *poolState) ([]Load, error) {
+	nowMS := r.now()
 	out := make([]Load, len(p.targets.Targets))
 	if err := p.ledger.LoadsInto(nowMS, p.targets.Index, out); err != nil {
 		return nil, err

@@ -444,7 +444,7 @@ func bufferLimit(v *wrapperspb.UInt32Value) int64 {
 }
 
 // TargetGaugeFamilies are the per-target gauges the filter defines for every decode
-// target (filter/metrics.go).
+// target, and all but the rate for every prefill target (filter/metrics.go).
 var TargetGaugeFamilies = []string{
 	"kvroute_target_active_requests",
 	"kvroute_target_cache_tokens",
@@ -495,14 +495,15 @@ func ExtractTags(name string, specs []*metricsv3.TagSpecifier) (string, map[stri
 	return b.String(), tags, nil
 }
 
-// CheckStatsTags requires the stats tags to turn every decode target's gauges into
-// kvroute_target_<gauge>{kvroute_endpoint=...,kvroute_rank=...} and to leave the other
-// kvroute stats alone.
+// CheckStatsTags requires the stats tags to turn every target's gauges (decode and
+// prefill) into kvroute_target_<gauge>{kvroute_endpoint=...,kvroute_rank=...} and to
+// leave the other kvroute stats alone.
 func CheckStatsTags(specs []*metricsv3.TagSpecifier, cfg config.Config) error {
 	var errs []error
 	var targets []routing.Target
 	for _, fv := range fleetViews(cfg) {
 		targets = append(targets, routing.NewPoolTargets(fv.cfg.Pools.Decode).Targets...)
+		targets = append(targets, routing.NewPoolTargets(fv.cfg.Pools.Prefill).Targets...)
 	}
 	for i, m := range cfg.Models {
 		// Per-model counters carry the model as a label, like the filter names them.
