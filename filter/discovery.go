@@ -208,14 +208,14 @@ const maxTargetGauges = 4096
 // zero. A target in both pools has the decode target's gauges.
 func (m *metrics) followTargets(decode, prefill []routing.Target) {
 	present := make(map[uint64]bool, len(decode)+len(prefill))
-	define := func(targets []routing.Target, decode bool) {
+	define := func(targets []routing.Target, decodes bool) {
 		for _, t := range targets {
 			present[t.ID] = true
 			g, ok := m.targets[t.ID]
 			switch {
 			case !ok && len(m.targets) < maxTargetGauges:
-				m.targets[t.ID] = m.defineTargetGauges(t, decode)
-			case ok && decode && g.rate == nil: // a prefill target now decodes too
+				m.targets[t.ID] = m.defineTargetGauges(t, decodes)
+			case ok && decodes && g.rate == nil: // a prefill target now decodes too
 				g.rate = m.targetGauge(TargetPrefillRate, t)
 			}
 		}
