@@ -111,3 +111,48 @@ func (h *host) decodeOnRank0(rng *rand.Rand, n, chars int) []uint32 {
 	}
 	return held
 }
+
+func TestFirstTurnLeavesATargetOutOfRunningSlots(t *testing.T) {
+	// One endpoint of three ranks, the rank trusted: a system prompt computed and done
+	// on rank 1 (so its rate is known), sixteen streamed replies decoding there, then
+	// requests sent there that have had no first chunk a second later, though their
+	// prefill is a few tokens. Two of them wait for a running slot: a new conversation
+	// that shares the prompt goes elsewhere. One alone may be a slow prompt, and
+	// without the sixteen the replies may just not be streamed: the cached prompt keeps
+	// the turn.
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	for _, tc := range []struct {
+		running, waiting int
+		holder           bool
+	}{{16, 2, false}, {16, 1, true}, {15, 3, true}} {
+		t.Run(fmt.Sprint(tc.running, " running, ", tc.waiting, " waiting"), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(23))
+				system := prose(rng, 16000)
+				rank1 := [2]string{"x-data-parallel-rank", "1"}
+				id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 800)), rank1))
+				h.stream(id)
+				h.advance(100)
+				h.firstChunk(id)
+				h.endStream(id)
+				var held []uint32
+				for i := 0; i < tc.running+tc.waiting; i++ {
+					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), rank1))
+					h.stream(id)
+					if i < tc.running {
+						h.firstChunk(id)
+					}
+					held = append(held, id)
+				}
+				h.advance(1000)
+				_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", "c"}))
+				assert.Equal(t, "new-conversation", decision)
+				assert.Equal(t, tc.holder, rank == "1", "rank %s", rank)
+				for _, id := range held {
+					h.endStream(id)
+				}
+			})
+		})
+	}
+}

@@ -57,3 +57,80 @@ func TestFirstTurnSpreadsAShortCachedPromptPastAHolderAtTheCap(t *testing.T) {
 	assert.NotEqual(t, holder.Address, got.Address)
 	assert.NotEqual(t, busy.Address, got.Address)
 }
+
+// slotsCase sets up three targets: a 1000-token system prompt computed and done on
+// the holder (so its rate is known, about 6 tokens a ms), running[j] requests past
+// their first chunk on target j (the holder first), and waiting requests of 50
+// uncached tokens each sent to the holder, still without a first chunk afterMS later;
+// then it places a new conversation that shares the prompt.
+func slotsCase(t *testing.T, running [3]int, waiting int, afterMS int64) (targets []Target, got Target) {
+	clock := &fakeClock{ms: 1e6}
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
+	rng := rand.New(rand.NewSource(9))
+	system := words(rng, 4000)
+	warm := r.Decide(textRequest(system+words(rng, 300), 1), NoRank)
+	clock.ms += 200
+	require.NoError(t, r.FirstChunk(&warm.Ticket))
+	require.NoError(t, r.Release(warm.Ticket))
+	targets = []Target{warm.Target}
+	for _, tg := range r.DecodeTargets() {
+		if tg.ID != warm.Target.ID {
+			targets = append(targets, tg)
+		}
+	}
+	for j, n := range running {
+		for k := 0; k < n; k++ {
+			tk, err := r.decode.ledger.AcquireQueued(targets[j].ID, 100, 0, 0, clock.ms)
+			require.NoError(t, err)
+			require.NoError(t, r.decode.ledger.FirstChunk(&tk, clock.ms))
+		}
+	}
+	for k := 0; k < waiting; k++ {
+		_, err := r.decode.ledger.AcquireQueued(targets[0].ID, 100, 50, 0, clock.ms)
+		require.NoError(t, err)
+	}
+	clock.ms += afterMS
+	req := textRequest(system+words(rng, 300), 2)
+	req.Conversation, req.HasConversation = 7, true
+	d := r.Decide(req, NoRank)
+	require.Equal(t, KindNewConversation, d.Kind)
+	return targets, d.Target
+}
+
+func TestFirstTurnLeavesAHolderOutOfRunningSlots(t *testing.T) {
+	// Sixteen running and two still waiting where their prefill should long be
+	// done: the engine starts none until another ends, and the turn would wait too.
+	ts, got := slotsCase(t, [3]int{16, 15, 15}, 2, 1000)
+	assert.NotEqual(t, ts[0].Address, got.Address)
+}
+
+func TestFirstTurnLeavesATargetAsLoadedAsOneOutOfSlots(t *testing.T) {
+	// The pool's engines are taken to run as many as the full one: a target with
+	// 16 in flight would be full with this turn too.
+	ts, got := slotsCase(t, [3]int{16, 16, 15}, 2, 1000)
+	assert.Equal(t, ts[2].Address, got.Address)
+}
+
+func TestFirstTurnKeepsTheCacheWhenEveryTargetIsFull(t *testing.T) {
+	ts, got := slotsCase(t, [3]int{16, 18, 18}, 2, 1000)
+	assert.Equal(t, ts[0].Address, got.Address)
+}
+
+func TestFirstTurnKeepsAHolderWhosePrefillIsStillDue(t *testing.T) {
+	// The same two, 2 ms after they were sent: their prefill is still running.
+	ts, got := slotsCase(t, [3]int{16, 15, 15}, 2, 2)
+	assert.Equal(t, ts[0].Address, got.Address)
+}
+
+func TestFirstTurnKeepsAHolderWithOneLateRequest(t *testing.T) {
+	// One late request may be a prompt that took longer than the rate says.
+	ts, got := slotsCase(t, [3]int{16, 15, 15}, 1, 1000)
+	assert.Equal(t, ts[0].Address, got.Address)
+}
+
+func TestFirstTurnKeepsAHolderRunningFewRequests(t *testing.T) {
+	// Under sixteen running, requests without a first chunk are more likely not
+	// streamed (their body comes whole at the end) than waiting for a slot.
+	ts, got := slotsCase(t, [3]int{15, 10, 10}, 3, 1000)
+	assert.Equal(t, ts[0].Address, got.Address)
+}

@@ -1206,8 +1206,31 @@ func (r *Router) firstTurn(v *poolView, req *extract.Request, pr *prompt) (int, 
 // recent work are kept (Load.Recent), and the cursor rotates over them: a prompt
 // nobody caches yet, a new application's, goes to the target with the least work
 // lately rather than to the next in turn.
+//
+// While a target is out of running slots (Load.OutOfSlots), the engines of the pool
+// are taken to run as many as it does, and a target with that many requests in flight
+// is left out (it is full, or this turn would fill it) while some other is not: the
+// turn would wait there for a request to end, whatever it caches, and so would the
+// conversation's later turns.
 func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
+	var slots int64 // the running slots of a target out of them (0: none is)
+	for _, i := range v.eligible {
+		if l := &v.loads[i]; l.OutOfSlots(v.ahead[i]) {
+			slots = max(slots, l.Requests-l.Prefills)
+		}
+	}
 	cands := v.eligible
+	if slots > 0 {
+		cands = v.pool.candBuf[:0]
+		for _, i := range v.eligible {
+			if v.loads[i].Requests < slots {
+				cands = append(cands, i)
+			}
+		}
+		if len(cands) == 0 {
+			cands = v.eligible
+		}
+	}
 	r.lookup(v, pr)
 	matched := r.matchedTokens(v, req, pr, cands)
 	wait := v.pool.waitBuf
