@@ -438,7 +438,7 @@ func TestDiscoveryEngineScrapesFollow(t *testing.T) {
 }
 
 // A discovered prefill pool: P/D uses it as soon as it has endpoints, and goes direct
-// while it has none.
+// while it has none; its targets get their gauges as they join.
 func TestDiscoveryPrefillPool(t *testing.T) {
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startDiscovery(t, vm, `{"disaggregation":{"mode":"sidecar"},"pools":{
@@ -456,7 +456,10 @@ func TestDiscoveryPrefillPool(t *testing.T) {
 		id, _ = h.send(post("/v1/chat/completions", chat("now disaggregated")))
 		pf, _ := h.header(id, "x-prefiller-host-port")
 		assert.Equal(t, "10.0.2.1:8000", pf)
+		const gauge = "kvroute_target_active_requests.10_0_2_1_8000.rank_0"
+		assert.Equal(t, int64(1), h.gauge(gauge), "a discovered prefill target gets its gauges")
 		h.respond(id, 200)
 		assert.Equal(t, routing.Load{}, h.poolLoad("prefill"))
+		assert.Equal(t, int64(0), h.gauge(gauge))
 	})
 }
