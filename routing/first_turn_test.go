@@ -97,40 +97,39 @@ func slotsCase(t *testing.T, running [3]int, waiting int, afterMS int64) (target
 	return targets, d.Target
 }
 
-func TestFirstTurnLeavesAHolderOutOfRunningSlots(t *testing.T) {
-	// Sixteen running and two still waiting where their prefill should long be
-	// done: the engine starts none until another ends, and the turn would wait too.
-	ts, got := slotsCase(t, [3]int{16, 15, 15}, 2, 1000)
-	assert.NotEqual(t, ts[0].Address, got.Address)
-}
-
-func TestFirstTurnLeavesATargetAsLoadedAsOneOutOfSlots(t *testing.T) {
-	// The pool's engines are taken to run as many as the full one: a target with
-	// 16 in flight would be full with this turn too.
-	ts, got := slotsCase(t, [3]int{16, 16, 15}, 2, 1000)
-	assert.Equal(t, ts[2].Address, got.Address)
-}
-
-func TestFirstTurnKeepsTheCacheWhenEveryTargetIsFull(t *testing.T) {
-	ts, got := slotsCase(t, [3]int{16, 18, 18}, 2, 1000)
-	assert.Equal(t, ts[0].Address, got.Address)
-}
-
-func TestFirstTurnKeepsAHolderWhosePrefillIsStillDue(t *testing.T) {
-	// The same two, 2 ms after they were sent: their prefill is still running.
-	ts, got := slotsCase(t, [3]int{16, 15, 15}, 2, 2)
-	assert.Equal(t, ts[0].Address, got.Address)
-}
-
-func TestFirstTurnKeepsAHolderWithOneLateRequest(t *testing.T) {
-	// One late request may be a prompt that took longer than the rate says.
-	ts, got := slotsCase(t, [3]int{16, 15, 15}, 1, 1000)
-	assert.Equal(t, ts[0].Address, got.Address)
-}
-
-func TestFirstTurnKeepsAHolderRunningFewRequests(t *testing.T) {
-	// Under sixteen running, requests without a first chunk are more likely not
-	// streamed (their body comes whole at the end) than waiting for a slot.
-	ts, got := slotsCase(t, [3]int{15, 10, 10}, 3, 1000)
-	assert.Equal(t, ts[0].Address, got.Address)
+// A first turn and targets out of running slots (Load.OutOfSlots). got: the target
+// it should take, by its index in slotsCase's order (the holder first), or -1 for
+// any but the holder.
+func TestFirstTurnAndRunningSlots(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		running [3]int
+		waiting int
+		afterMS int64
+		got     int
+	}{
+		// Sixteen running and two waiting where their prefill should long be done:
+		// the engine starts none until another ends, and the turn would wait too.
+		{"holder full", [3]int{16, 15, 15}, 2, 1000, -1},
+		// The pool's engines are taken to run as many as the full one: a target with
+		// 16 in flight would be full with this turn too.
+		{"as loaded as the full one", [3]int{16, 16, 15}, 2, 1000, 2},
+		{"every target full: the cache decides", [3]int{16, 18, 18}, 2, 1000, 0},
+		// The same two 2 ms after they were sent: their prefill is still running.
+		{"prefill still due", [3]int{16, 15, 15}, 2, 2, 0},
+		// One late request may be a prompt that took longer than the rate says.
+		{"one late", [3]int{16, 15, 15}, 1, 1000, 0},
+		// Under sixteen running, requests without a first chunk are more likely not
+		// streamed (their body comes whole at the end) than waiting for a slot.
+		{"few running", [3]int{15, 10, 10}, 3, 1000, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts, got := slotsCase(t, tc.running, tc.waiting, tc.afterMS)
+			if tc.got < 0 {
+				assert.NotEqual(t, ts[0].Address, got.Address)
+			} else {
+				assert.Equal(t, ts[tc.got].Address, got.Address)
+			}
+		})
+	}
 }
