@@ -93,7 +93,7 @@ var TargetGaugeFamilies = []string{TargetActiveRequests, TargetCacheTokens, Targ
 type targetGauges struct {
 	active *ledgerGauge // requests sent and not yet ended (on a prefill target: their prefill)
 	cache  *ledgerGauge // the prefix cache decisions take it to hold, in tokens (0: unknown)
-	rate   *ledgerGauge // its observed prefill rate, in tokens a second (0: none yet); nil on a prefill target
+	rate   *ledgerGauge // its observed prefill rate, in tokens a second (0: none yet); nil on a prefill-only target
 }
 
 func (m *metrics) defineTargetGauges(t routing.Target, decode bool) *targetGauges {

@@ -362,7 +362,10 @@ func (r *Router) PublishEngineFigures(prefill bool, address string, byRank map[i
 // the targets that cache the busiest prompts fill up while others idle. Engines run
 // more slots than this, and a target running fewer has stalled on a prefill that took
 // longer than its rate says (a copy gone from its cache, a longer prompt), which
-// spreading the pool's requests does not help. BENCHMARKS.md has the replays behind it.
+// spreading the pool's requests does not help. It is Load.OutOfSlots's floor too: under
+// it, requests without a first chunk are more likely replies that are not streamed, or
+// short prompts an engine step makes late, than requests waiting for a slot.
+// BENCHMARKS.md has the replays behind it.
 const slotsFullRunning = 16
 
 // fairShareCap is the fair-share cap: max(1, ceil(m × ceil((active+1)/n))).
