@@ -59,11 +59,12 @@ func TestFirstTurnSpreadsAShortCachedPromptPastAHolderAtTheCap(t *testing.T) {
 }
 
 // slotsCase sets up three targets: a 1000-token system prompt computed and done on
-// the holder (so its rate is known, about 6 tokens a ms), running[j] requests past
-// their first chunk on target j (the holder first), and waiting requests of 50
-// uncached tokens each sent to the holder, still without a first chunk afterMS later;
-// then it places a new conversation that shares the prompt.
-func slotsCase(t *testing.T, running [3]int, waiting int, afterMS int64) (targets []Target, got Target) {
+// the holder (so its rate is known, about 6 tokens a ms; the others have none of
+// their own), running[j] requests past their first chunk on target j (the holder
+// first), and waiting[j] requests of 50 uncached tokens each sent to it, still without
+// a first chunk afterMS later; then it places a new conversation that shares the
+// prompt.
+func slotsCase(t *testing.T, running, waiting [3]int, afterMS int64) (targets []Target, got Target) {
 	clock := &fakeClock{ms: 1e6}
 	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
 	rng := rand.New(rand.NewSource(9))
@@ -85,9 +86,11 @@ func slotsCase(t *testing.T, running [3]int, waiting int, afterMS int64) (target
 			require.NoError(t, r.decode.ledger.FirstChunk(&tk, clock.ms))
 		}
 	}
-	for k := 0; k < waiting; k++ {
-		_, err := r.decode.ledger.AcquireQueued(targets[0].ID, 100, 50, 0, clock.ms)
-		require.NoError(t, err)
+	for j, n := range waiting {
+		for k := 0; k < n; k++ {
+			_, err := r.decode.ledger.AcquireQueued(targets[j].ID, 100, 50, clock.ms, clock.ms)
+			require.NoError(t, err)
+		}
 	}
 	clock.ms += afterMS
 	req := textRequest(system+words(rng, 300), 2)
@@ -102,26 +105,30 @@ func slotsCase(t *testing.T, running [3]int, waiting int, afterMS int64) (target
 // any but the holder.
 func TestFirstTurnAndRunningSlots(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		running [3]int
-		waiting int
-		afterMS int64
-		got     int
+		name             string
+		running, waiting [3]int
+		afterMS          int64
+		got              int
 	}{
 		// Sixteen running and two waiting where their prefill should long be done:
 		// the engine starts none until another ends, and the turn would wait too.
-		{"holder full", [3]int{16, 15, 15}, 2, 1000, -1},
+		{"holder full", [3]int{16, 15, 15}, [3]int{2}, 1000, -1},
 		// The pool's engines are taken to run as many as the full one: a target with
 		// 16 in flight would be full with this turn too.
-		{"as loaded as the full one", [3]int{16, 16, 15}, 2, 1000, 2},
-		{"every target full: the cache decides", [3]int{16, 18, 18}, 2, 1000, 0},
+		{"as loaded as the full one", [3]int{16, 16, 15}, [3]int{2}, 1000, 2},
+		{"every target full: the cache decides", [3]int{16, 18, 18}, [3]int{2}, 1000, 0},
 		// The same two 2 ms after they were sent: their prefill is still running.
-		{"prefill still due", [3]int{16, 15, 15}, 2, 2, 0},
+		{"prefill still due", [3]int{16, 15, 15}, [3]int{2}, 2, 0},
 		// One late request may be a prompt that took longer than the rate says.
-		{"one late", [3]int{16, 15, 15}, 1, 1000, 0},
+		{"one late", [3]int{16, 15, 15}, [3]int{1}, 1000, 0},
 		// Under sixteen running, requests without a first chunk are more likely not
 		// streamed (their body comes whole at the end) than waiting for a slot.
-		{"few running", [3]int{15, 10, 10}, 3, 1000, 0},
+		{"few running", [3]int{15, 10, 10}, [3]int{3}, 1000, 0},
+		// A target with no rate of its own is judged at its peers'.
+		{"full without a rate of its own", [3]int{16, 16, 10}, [3]int{0, 2}, 1000, 2},
+		// Two full targets: the busier one's count is the pool's (a target with 17
+		// in flight has room), and a full target is left out whatever its count.
+		{"two full", [3]int{16, 20, 15}, [3]int{2, 2, 2}, 1000, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ts, got := slotsCase(t, tc.running, tc.waiting, tc.afterMS)

@@ -1211,8 +1211,9 @@ func (r *Router) firstTurn(v *poolView, req *extract.Request, pr *prompt) (int, 
 // lately rather than to the next in turn.
 //
 // While a target is out of running slots (Load.OutOfSlots), the engines of the pool
-// are taken to run as many as it does, and a target with that many requests in flight
-// is left out (it is full, or this turn would fill it) while some other is not: the
+// are taken to run as many as the busiest such target does, and a target with that
+// many requests in flight is left out (it is full, or this turn would fill it), as is
+// every target out of slots, while some other is not: the
 // turn would wait there for a request to end, whatever it caches, and so would the
 // conversation's later turns.
 func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
@@ -1226,7 +1227,7 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 	if slots > 0 {
 		cands = v.pool.candBuf[:0]
 		for _, i := range v.eligible {
-			if v.loads[i].Requests < slots {
+			if l := &v.loads[i]; l.Requests < slots && !l.OutOfSlots(v.ahead[i]) {
 				cands = append(cands, i)
 			}
 		}
