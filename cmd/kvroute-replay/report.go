@@ -213,18 +213,24 @@ func (rep *Report) WriteText(w io.Writer) {
 	}
 	for _, speed := range rep.Speeds() {
 		fmt.Fprintf(w, "\nspeed x%g (arrivals %g times the trace's pace)\n", speed, speed)
-		const rowFormat = "%-20s %18s %20s %9s %8s %7s %9s\n"
+		const rowFormat = "%-20s %21s %20s %9s %8s %7s %9s\n"
 		fmt.Fprintf(w, rowFormat, "policy", "TTFT mean ms", "TTFT p99 ms", "TTFT p50", "hit rate", "/oracle", "in-flight")
 		fmt.Fprintf(w, rowFormat, "", "(lower better)", "(lower better)", "ms", "(higher)", "", "max/mean")
-		fmt.Fprintln(w, strings.Repeat("-", 97))
+		fmt.Fprintln(w, strings.Repeat("-", 100))
 		stats := rep.Stats(speed)
 		bestMean, bestP99 := math.Inf(1), math.Inf(1)
 		for _, st := range stats {
 			bestMean = math.Min(bestMean, st.TTFTMean.Mean)
 			bestP99 = math.Min(bestP99, st.TTFTP99.Mean)
 		}
+		// Means of a few ms (a light chat trace) differ in hundredths, which whole
+		// ms would hide.
+		meanFormat := "%.0f"
+		if bestMean < 100 {
+			meanFormat = "%.2f"
+		}
 		for _, st := range stats {
-			fmt.Fprintf(w, rowFormat, st.Policy, withSpread(st.TTFTMean, draws, "%.0f", st.TTFTMean.Mean == bestMean),
+			fmt.Fprintf(w, rowFormat, st.Policy, withSpread(st.TTFTMean, draws, meanFormat, st.TTFTMean.Mean == bestMean),
 				withSpread(st.TTFTP99, draws, "%.0f", st.TTFTP99.Mean == bestP99), f0(st.TTFTP50.Mean),
 				f4(st.Hit.Mean), f3(ratio(st.Hit.Mean, rep.OracleLRU)), f3(st.InFlightImbal.Mean))
 		}
