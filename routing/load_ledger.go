@@ -196,12 +196,12 @@ func (l *Load) Stalled(nowMS int64) bool {
 // OutOfSlots reports whether the target's engine has run out of running slots: it
 // runs at least slotsFullRunning requests past their first chunk, and at least two
 // more have none yet, though all it was sent should have been computed by now (ahead,
-// its queued prefill estimated left at its own rate or else its peers', is 0). Such an engine starts a request only when
-// another ends, so what it is sent waits for that, however little prefill it brings.
-// One late request alone may be a prompt that took longer than the rate says; the
-// floor keeps out a target whose requests have no first chunk because their responses
-// are not streamed (the whole body comes at the end) or whose engine adds a step's
-// latency to short prompts.
+// its queued prefill estimated left at its own rate or else its peers', is 0). Such
+// an engine starts a request only when another ends, so what it is sent waits for
+// that, however little prefill it brings. One late request alone may be a prompt that
+// took longer than the rate says; the floor keeps out a target whose requests have no
+// first chunk because their responses are not streamed (the whole body comes at the
+// end) or whose engine adds a step's latency to short prompts.
 func (l *Load) OutOfSlots(ahead int64) bool {
 	return l.Requests-l.Prefills >= slotsFullRunning && l.Prefills >= 2 && ahead == 0
 }

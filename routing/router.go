@@ -1213,9 +1213,8 @@ func (r *Router) firstTurn(v *poolView, req *extract.Request, pr *prompt) (int, 
 // While a target is out of running slots (Load.OutOfSlots), the engines of the pool
 // are taken to run as many as the busiest such target does, and a target with that
 // many requests in flight is left out (it is full, or this turn would fill it), as is
-// every target out of slots, while some other is not: the
-// turn would wait there for a request to end, whatever it caches, and so would the
-// conversation's later turns.
+// every target out of slots, while some other is not: the turn would wait there for a
+// request to end, whatever it caches, and so would the conversation's later turns.
 func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 	var slots int64 // the running slots of a target out of them (0: none is)
 	for _, i := range v.eligible {
