@@ -156,3 +156,61 @@ func TestFirstTurnLeavesATargetOutOfRunningSlots(t *testing.T) {
 		})
 	}
 }
+
+func TestFirstTurnKeepsToTheRunningSlotsSeen(t *testing.T) {
+	// As above: sixteen decoding on rank 1 and two waiting for a slot there, seen
+	// full by a new conversation. Then the two get their slots: rank 1 is not full
+	// now, but runs eighteen, more than the sixteen it was seen full at: a new
+	// conversation whose prompt only rank 1 caches goes elsewhere, as the wait for a
+	// slot there, with every request sent at once, is long. With fifteen in flight
+	// there it takes rank 1. Ranks 0 and 2 run fifteen each, so that rank 1
+	// stays under the fair-share cap.
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, cfg)
+		rng := rand.New(rand.NewSource(23))
+		rank1 := [2]string{"x-data-parallel-rank", "1"}
+		var systems []string
+		for i := 0; i < 3; i++ {
+			systems = append(systems, prose(rng, 16000))
+			id, _ := h.send(post("/v1/chat/completions", chat(systems[i]+prose(rng, 800)), rank1))
+			h.stream(id)
+			h.advance(100)
+			h.firstChunk(id)
+			h.endStream(id)
+		}
+		var held, others []uint32
+		for i := 0; i < 30; i++ {
+			id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), [2]string{"x-data-parallel-rank", fmt.Sprint(i % 2 * 2)}))
+			h.stream(id)
+			h.firstChunk(id)
+			others = append(others, id)
+		}
+		for i := 0; i < 18; i++ {
+			id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), rank1))
+			h.stream(id)
+			if i < 16 {
+				h.firstChunk(id)
+			}
+			held = append(held, id)
+		}
+		h.advance(1000)
+		newConversation := func(system, session string) string {
+			_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", session}))
+			assert.Equal(t, "new-conversation", decision)
+			return rank
+		}
+		assert.NotEqual(t, "1", newConversation(systems[0], "a"), "full now")
+		h.firstChunk(held[16])
+		h.firstChunk(held[17])
+		h.advance(100)
+		assert.NotEqual(t, "1", newConversation(systems[1], "b"), "as many in flight as seen full")
+		for _, id := range held[15:] {
+			h.endStream(id)
+		}
+		assert.Equal(t, "1", newConversation(systems[2], "c"), "under the count seen")
+		for _, id := range append(held[:15], others...) {
+			h.endStream(id)
+		}
+	})
+}

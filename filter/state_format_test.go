@@ -63,15 +63,15 @@ func TestUpgradedFilterMeetsOldState(t *testing.T) {
 			if len(v) > 0 && v[0] != old[0] {
 				want := byte(1)
 				if strings.HasPrefix(k, "kvroute/load/") {
-					want = 5 // the ledger's format, with the learned cache
+					want = 6 // the ledger's format, with the running slots seen
 				}
 				assert.Equal(t, want, v[0], k)
 			}
 		}
 		v, _, _ := proxywasm.GetSharedData("kvroute/load/decode")
 		// Rewritten fresh: no load, only each target's write clock, prefill progress,
-		// recent work and cache (id, clock, since, chunk, rate, recent work, cache, 0
-		// slots).
-		assert.Len(t, v, 1+3*65)
+		// recent work, cache and running slots seen (id, clock, since, chunk, rate,
+		// recent work, cache, slots seen, 0 slots).
+		assert.Len(t, v, 1+3*77)
 	})
 }

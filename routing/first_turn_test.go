@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"fmt"
 	"math/rand"
 	"testing"
 
@@ -36,10 +37,7 @@ func firstTurnBesideAFullHolder(t *testing.T, systemChars int) (holder, busy, go
 		_, err := r.decode.ledger.Acquire(holder.ID, 100, clock.ms)
 		require.NoError(t, err)
 	}
-	req := textRequest(system+words(rng, 300), 2)
-	req.Conversation, req.HasConversation = 7, true
-	d := r.Decide(req, NoRank)
-	require.Equal(t, KindNewConversation, d.Kind)
+	d := newConversation(t, r, system+words(rng, 300), 2, 7)
 	return holder, busy, d.Target
 }
 
@@ -58,6 +56,30 @@ func TestFirstTurnSpreadsAShortCachedPromptPastAHolderAtTheCap(t *testing.T) {
 	assert.NotEqual(t, busy.Address, got.Address)
 }
 
+// newConversation places the first turn of conversation conv, a request id of text.
+func newConversation(t *testing.T, r *Router, text string, id, conv uint64) Decision {
+	req := textRequest(text, id)
+	req.Conversation, req.HasConversation = conv, true
+	d := r.Decide(req, NoRank)
+	require.Equal(t, KindNewConversation, d.Kind)
+	return d
+}
+
+// promptOnAHolder starts a router of three targets with a system prompt of about 1000
+// tokens computed and done on one of them, the holder (so its rate is known, about 6
+// tokens a ms).
+func promptOnAHolder(t *testing.T) (r *Router, clock *fakeClock, rng *rand.Rand, system string, holder Target) {
+	clock = &fakeClock{ms: 1e6}
+	r = NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
+	rng = rand.New(rand.NewSource(9))
+	system = words(rng, 4000)
+	warm := r.Decide(textRequest(system+words(rng, 300), 1), NoRank)
+	clock.ms += 200
+	require.NoError(t, r.FirstChunk(&warm.Ticket))
+	require.NoError(t, r.Release(warm.Ticket))
+	return r, clock, rng, system, warm.Target
+}
+
 // slotsCase sets up three targets: a 1000-token system prompt computed and done on
 // the holder (so its rate is known, about 6 tokens a ms; the others have none of
 // their own), running[j] requests past their first chunk on target j (the holder
@@ -65,17 +87,10 @@ func TestFirstTurnSpreadsAShortCachedPromptPastAHolderAtTheCap(t *testing.T) {
 // a first chunk afterMS later; then it places a new conversation that shares the
 // prompt.
 func slotsCase(t *testing.T, running, waiting [3]int, afterMS int64) (targets []Target, got Target) {
-	clock := &fakeClock{ms: 1e6}
-	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
-	rng := rand.New(rand.NewSource(9))
-	system := words(rng, 4000)
-	warm := r.Decide(textRequest(system+words(rng, 300), 1), NoRank)
-	clock.ms += 200
-	require.NoError(t, r.FirstChunk(&warm.Ticket))
-	require.NoError(t, r.Release(warm.Ticket))
-	targets = []Target{warm.Target}
+	r, clock, rng, system, holder := promptOnAHolder(t)
+	targets = []Target{holder}
 	for _, tg := range r.DecodeTargets() {
-		if tg.ID != warm.Target.ID {
+		if tg.ID != holder.ID {
 			targets = append(targets, tg)
 		}
 	}
@@ -93,10 +108,7 @@ func slotsCase(t *testing.T, running, waiting [3]int, afterMS int64) (targets []
 		}
 	}
 	clock.ms += afterMS
-	req := textRequest(system+words(rng, 300), 2)
-	req.Conversation, req.HasConversation = 7, true
-	d := r.Decide(req, NoRank)
-	require.Equal(t, KindNewConversation, d.Kind)
+	d := newConversation(t, r, system+words(rng, 300), 2, 7)
 	return targets, d.Target
 }
 
@@ -139,4 +151,171 @@ func TestFirstTurnAndRunningSlots(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A target seen out of running slots sets the pool's slot count for slotsMemoryMS
+// after it was last seen so: after the target has drained, a first turn is charged
+// the wait for a slot on a target at that count, on every VM that shares the ledger.
+// Each turn brings a prompt cached nowhere, so without the charge it would go to the
+// target with the least work lately: the full one, whose requests brought little.
+func TestFirstTurnKeepsToRunningSlotsSeen(t *testing.T) {
+	clock := &fakeClock{ms: 1e6}
+	store := state.NewMemoryStore()
+	r := NewRouter(testConfig(t, ""), store, clock.now)
+	rng := rand.New(rand.NewSource(9))
+	full := r.DecodeTargets()[0]
+	// Fifteen running on each other target, each of which computed 100 tokens, so that
+	// the full target stays under the fair-share cap and has worked least lately.
+	others := func() {
+		for _, tg := range r.DecodeTargets()[1:] {
+			for k := 0; k < 15; k++ {
+				tk, err := r.decode.ledger.AcquireQueued(tg.ID, 100, 100, clock.ms, clock.ms)
+				require.NoError(t, err)
+				require.NoError(t, r.decode.ledger.FirstChunk(&tk, clock.ms+1))
+			}
+		}
+	}
+	var tickets []LoadTicket
+	// running requests past their first chunk on the full target, then waiting ones
+	// of 50 uncached tokens still without it.
+	load := func(running, waiting int) {
+		for k := 0; k < running+waiting; k++ {
+			prefill := int64(0)
+			if k >= running {
+				prefill = 50
+			}
+			tk, err := r.decode.ledger.AcquireQueued(full.ID, 100, prefill, clock.ms, clock.ms)
+			require.NoError(t, err)
+			if k < running {
+				require.NoError(t, r.decode.ledger.FirstChunk(&tk, clock.ms))
+			}
+			tickets = append(tickets, tk)
+		}
+	}
+	firstTurn := func(r *Router, conv uint64) Target {
+		d := newConversation(t, r, words(rng, 400), conv+10, conv)
+		require.NoError(t, r.Release(d.Ticket))
+		return d.Target
+	}
+	others()
+	load(16, 2)
+	clock.ms += 1000
+	require.NotEqual(t, full.Address, firstTurn(r, 1).Address, "out of slots now")
+	for k := 16; k < 18; k++ {
+		require.NoError(t, r.decode.ledger.FirstChunk(&tickets[k], clock.ms))
+	}
+	// Eighteen running, none waiting: the target is not seen full now, but it has
+	// as many in flight as the sixteen it ran when it was.
+	assert.NotEqual(t, full.Address, firstTurn(r, 2).Address, "the count seen")
+	require.NoError(t, r.FlushLoad())
+	other := NewRouter(testConfig(t, ""), store, clock.now)
+	assert.NotEqual(t, full.Address, firstTurn(other, 3).Address, "another VM")
+
+	// Fifteen in flight: under the count.
+	for _, tk := range tickets[15:] {
+		require.NoError(t, r.Release(tk))
+	}
+	tickets = tickets[:15]
+	assert.Equal(t, full.Address, firstTurn(r, 4).Address, "under the count")
+
+	// Long after it was last seen full, the count is forgotten. (The load above has
+	// expired by then, and the recent work decayed: they are set again.)
+	clock.ms += slotsMemoryMS - 2000
+	tickets = tickets[:0]
+	others()
+	load(18, 0)
+	assert.NotEqual(t, full.Address, firstTurn(r, 5).Address, "within the memory")
+	clock.ms += 2000
+	assert.Equal(t, full.Address, firstTurn(r, 6).Address, "forgotten")
+}
+
+// A target at the slot count seen is charged the wait for a slot for each request
+// from that count up, not left out: a long prompt cached there stays while that wait
+// is less than computing it again elsewhere.
+func TestFirstTurnWeighsTheSlotWaitAgainstTheCache(t *testing.T) {
+	for _, tc := range []struct {
+		inFlight int
+		holder   bool
+	}{{15, true}, {16, true}, {17, false}} {
+		t.Run(fmt.Sprint(tc.inFlight, " in flight"), func(t *testing.T) {
+			r, clock, rng, system, holder := promptOnAHolder(t)
+			// 2000 requests sent and ended lately, fifteen running on each other
+			// target, and the holder seen full at sixteen: a request stays about 1.9 s
+			// (46 in flight, 2000 sent in about 82 s), so one of sixteen slots frees
+			// about every 116 ms.
+			for _, tg := range r.DecodeTargets() {
+				if tg.ID == holder.ID {
+					continue
+				}
+				for k := 0; k < 1000; k++ {
+					tk, err := r.decode.ledger.Acquire(tg.ID, 100, clock.ms)
+					require.NoError(t, err)
+					require.NoError(t, r.decode.ledger.Release(tk, clock.now))
+				}
+				for k := 0; k < 15; k++ {
+					_, err := r.decode.ledger.Acquire(tg.ID, 100, clock.ms)
+					require.NoError(t, err)
+				}
+			}
+			require.NoError(t, r.decode.ledger.SeenFull(holder.ID, 16, clock.ms))
+			for k := 0; k < tc.inFlight; k++ {
+				_, err := r.decode.ledger.Acquire(holder.ID, 100, clock.ms)
+				require.NoError(t, err)
+			}
+			d := newConversation(t, r, system+words(rng, 300), 2, 7)
+			assert.Equal(t, tc.holder, d.Target.ID == holder.ID)
+		})
+	}
+}
+
+func TestSlotWait(t *testing.T) {
+	// 80 in flight, 1000 sent lately, half a half-life since the last halving (the
+	// sends are over 1.5 half-lives): a request stays 80 / (1000 / 98 304 ms) =
+	// 7864 ms; one of 16 slots frees every 491.52 ms, 4915 tokens at 10 a ms.
+	v := &poolView{total: Load{Requests: 80, RecentSent: 1000}, rate: 10, nowMS: 5*recentHalfLifeMS + recentHalfLifeMS/2}
+	assert.InDelta(t, 4915.2, v.slotWait(16), 0.01)
+	v.rate = 0
+	assert.Zero(t, v.slotWait(16), "no rate seen")
+	v.rate, v.total.RecentSent = 10, 0
+	assert.Zero(t, v.slotWait(16), "nothing sent lately")
+}
+
+func TestSightingsOutOfSlots(t *testing.T) {
+	// The later sighting wins, whichever order they are merged in; of the same time,
+	// the one with more running.
+	r, at := mergeFull(20, 1000, 16, 2000)
+	assert.Equal(t, [2]int64{16, 2000}, [2]int64{r, at})
+	r, at = mergeFull(16, 2000, 20, 1000)
+	assert.Equal(t, [2]int64{16, 2000}, [2]int64{r, at})
+	r, at = mergeFull(16, 2000, 20, 2000)
+	assert.Equal(t, [2]int64{20, 2000}, [2]int64{r, at})
+
+	// A flush drops a sighting slotsMemoryMS old, and a target kept only by it.
+	clock := &fakeClock{ms: 1e6}
+	store := state.NewMemoryStore()
+	l := NewLoadLedger(store, "ns", "decode", 600000, 8)
+	require.NoError(t, l.SeenFull(7, 16, clock.ms))
+	require.NoError(t, l.Flush(clock.ms))
+	v, _, err := store.Get("ns/load/decode")
+	require.NoError(t, err)
+	assert.Len(t, v, 1+ledgerTargetHeader)
+	got := make([]Load, 1)
+	index := func(id uint64) int {
+		if id == 7 {
+			return 0
+		}
+		return -1
+	}
+	require.NoError(t, NewLoadLedger(store, "ns", "decode", 600000, 8).LoadsInto(clock.ms, index, got))
+	assert.Equal(t, [2]int64{16, 1e6}, [2]int64{got[0].FullRunning, got[0].FullAt}, "another VM reads it")
+	require.NoError(t, l.Flush(clock.ms+slotsMemoryMS-1))
+	v, _, _ = store.Get("ns/load/decode")
+	assert.Len(t, v, 1+ledgerTargetHeader, "kept within the memory")
+	require.NoError(t, l.SeenFull(8, 1, clock.ms+slotsMemoryMS-1)) // a change, so the flush writes
+	require.NoError(t, l.Flush(clock.ms+slotsMemoryMS))
+	v, _, _ = store.Get("ns/load/decode")
+	got[0] = Load{}
+	require.NoError(t, NewLoadLedger(store, "ns", "decode", 600000, 8).LoadsInto(clock.ms+slotsMemoryMS, index, got))
+	assert.Zero(t, got[0].FullAt, "forgotten")
+	assert.Len(t, v, 1+ledgerTargetHeader, "only target 8's entry")
 }

@@ -26,8 +26,10 @@ import (
 // which say how busy its prefill has been beyond what is queued there now (a new
 // conversation placed there brings its later turns to that same queue). And each
 // target keeps its cache as its first chunks have shown it (learnCache): how much its
-// write clock may move on, with a copy's own tokens, before the copy is gone. Load is
-// counted in time slots of
+// write clock may move on, with a copy's own tokens, before the copy is gone. And each
+// target keeps how many requests it ran when it was last seen out of running slots
+// (Load.OutOfSlots), and when: the engine's slot count, which first turns go by
+// after it has drained (Router.soonest). Load is counted in time slots of
 // lease/ledgerSlots: a request adds to the slot of its start time and its release
 // takes from that same slot, and slots older than the lease are dropped. So a
 // completion that never arrives (a VM restart, a lost stream) stops counting after
@@ -82,18 +84,22 @@ type ledgerDelta struct {
 	cacheHit   int8
 	cacheAge   int64
 	cacheLimit int64
+	// the target was seen out of running slots at fullAt (ms; 0: no news) while
+	// running fullRunning requests past their first chunk (its epoch is ignored)
+	fullRunning, fullAt int64
 }
 
 // ledgerBatch is how many acquires and releases a VM holds before it writes them.
 const ledgerBatch = 16
 
 const (
-	ledgerFormat = 5
+	ledgerFormat = 6
 	ledgerSlots  = 8
 	// per target: id(8) written(8) since(8) chunk(8) rate tokens(4) rate ms(4)
-	// recent tokens(8) recent requests(4) recent epoch(4) cache(8) slot count(1); per
-	// slot: epoch(8) requests(4) prefills(4) tokens(8) prefill(8)
-	ledgerTargetHeader = 65
+	// recent tokens(8) recent requests(4) recent epoch(4) cache(8) full running(4)
+	// full at(8) slot count(1); per slot: epoch(8) requests(4) prefills(4) tokens(8)
+	// prefill(8)
+	ledgerTargetHeader = 77
 	ledgerSlotBytes    = 32
 )
 
@@ -150,6 +156,11 @@ type Load struct {
 	// write-clock tokens: a copy recorded longer ago is gone (0: not learned yet).
 	// In a view it is at most the size the engine reports while fresh.
 	Cache int64
+
+	// FullRunning is how many requests past their first chunk the target ran when it
+	// was last seen out of running slots (OutOfSlots), at FullAt ms (0: never; a
+	// sighting slotsMemoryMS old is dropped at the next flush).
+	FullRunning, FullAt int64
 }
 
 // CacheOr is the target's cache: the learned one, at most limit (the size stated or
@@ -288,12 +299,13 @@ type ledgerEntry struct {
 	rateTok, rateMS                 int64
 	recent, recentSent, recentEpoch int64
 	cache                           int64
+	fullRunning, fullAt             int64
 	slots                           []ledgerSlot
 }
 
 func (e *ledgerEntry) load() Load {
 	l := Load{Written: e.written, Since: e.since, Chunk: e.chunk, RateTokens: e.rateTok, RateMS: e.rateMS,
-		Recent: e.recent, RecentSent: e.recentSent, Cache: e.cache}
+		Recent: e.recent, RecentSent: e.recentSent, Cache: e.cache, FullRunning: e.fullRunning, FullAt: e.fullAt}
 	for _, s := range e.slots {
 		l.Requests += s.requests
 		l.Prefills += s.prefills
@@ -305,9 +317,10 @@ func (e *ledgerEntry) load() Load {
 
 func (l *LoadLedger) oldestLiveEpoch(nowMS int64) int64 { return nowMS/l.slotMS - ledgerSlots }
 
-// decodeLedger reads the live slots of every target; a value of another format (or a
-// torn one) reads as empty, so the ledger starts afresh.
-func decodeLedger(v []byte, oldest int64) []ledgerEntry {
+// decodeLedger reads the live slots of every target, and the sightings out of running
+// slots after forgetBefore ms; a value of another format (or a torn one) reads as
+// empty, so the ledger starts afresh.
+func decodeLedger(v []byte, oldest, forgetBefore int64) []ledgerEntry {
 	if len(v) < 1 || v[0] != ledgerFormat {
 		return nil
 	}
@@ -318,8 +331,12 @@ func decodeLedger(v []byte, oldest int64) []ledgerEntry {
 			since: int64(binary.LittleEndian.Uint64(v[16:])), chunk: int64(binary.LittleEndian.Uint64(v[24:])),
 			rateTok: int64(binary.LittleEndian.Uint32(v[32:])), rateMS: int64(binary.LittleEndian.Uint32(v[36:])),
 			recent: int64(binary.LittleEndian.Uint64(v[40:])), recentSent: int64(binary.LittleEndian.Uint32(v[48:])),
-			recentEpoch: int64(binary.LittleEndian.Uint32(v[52:])), cache: int64(binary.LittleEndian.Uint64(v[56:]))}
-		n := int(v[64])
+			recentEpoch: int64(binary.LittleEndian.Uint32(v[52:])), cache: int64(binary.LittleEndian.Uint64(v[56:])),
+			fullRunning: int64(binary.LittleEndian.Uint32(v[64:])), fullAt: int64(binary.LittleEndian.Uint64(v[68:]))}
+		if e.fullAt <= forgetBefore {
+			e.fullRunning, e.fullAt = 0, 0
+		}
+		n := int(v[76])
 		v = v[ledgerTargetHeader:]
 		if len(v) < n*ledgerSlotBytes {
 			return nil
@@ -337,7 +354,7 @@ func decodeLedger(v []byte, oldest int64) []ledgerEntry {
 				e.slots = append(e.slots, s)
 			}
 		}
-		if len(e.slots) > 0 || e.written > 0 || e.cache > 0 {
+		if len(e.slots) > 0 || e.written > 0 || e.cache > 0 || e.fullAt > 0 {
 			out = append(out, e)
 		}
 	}
@@ -358,7 +375,7 @@ func encodeLedger(entries []ledgerEntry, keepClock func(uint64) bool) []byte {
 				live++
 			}
 		}
-		if live == 0 && (e.written == 0 && e.cache == 0 || keepClock != nil && !keepClock(e.target)) {
+		if live == 0 && (e.written == 0 && e.cache == 0 && e.fullAt == 0 || keepClock != nil && !keepClock(e.target)) {
 			continue
 		}
 		out = binary.LittleEndian.AppendUint64(out, e.target)
@@ -371,6 +388,8 @@ func encodeLedger(entries []ledgerEntry, keepClock func(uint64) bool) []byte {
 		out = binary.LittleEndian.AppendUint32(out, uint32(min(e.recentSent, math.MaxUint32)))
 		out = binary.LittleEndian.AppendUint32(out, uint32(e.recentEpoch))
 		out = binary.LittleEndian.AppendUint64(out, uint64(e.cache))
+		out = binary.LittleEndian.AppendUint32(out, uint32(min(e.fullRunning, math.MaxUint32)))
+		out = binary.LittleEndian.AppendUint64(out, uint64(e.fullAt))
 		out = append(out, byte(live))
 		for i := range e.slots {
 			if s := &e.slots[i]; s.live() {
@@ -411,8 +430,9 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 				l.Recent += decayed(int64(binary.LittleEndian.Uint64(v[40:])), epoch, nowEpoch)
 				l.RecentSent += decayed(int64(binary.LittleEndian.Uint32(v[48:])), epoch, nowEpoch)
 				l.Cache = int64(binary.LittleEndian.Uint64(v[56:]))
+				l.FullRunning, l.FullAt = int64(binary.LittleEndian.Uint32(v[64:])), int64(binary.LittleEndian.Uint64(v[68:]))
 			}
-			n := int(v[64])
+			n := int(v[76])
 			v = v[ledgerTargetHeader:]
 			if len(v) < n*ledgerSlotBytes {
 				break
@@ -440,6 +460,9 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 			l.RecentSent += decayed(d.recentSent, d.recentEpoch, nowEpoch)
 			if d.cacheHit != 0 {
 				l.Cache = learnCache(l.Cache, cmp.Or(d.cacheLimit, configured), &d)
+			}
+			if d.fullAt != 0 {
+				l.FullRunning, l.FullAt = mergeFull(l.FullRunning, l.FullAt, d.fullRunning, d.fullAt)
 			}
 		}
 		if i >= 0 && d.epoch > oldest {
@@ -474,13 +497,13 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 			return nil, err
 		}
 	}
-	entries := decodeLedger(l.seen, l.oldestLiveEpoch(nowMS))
+	entries := decodeLedger(l.seen, l.oldestLiveEpoch(nowMS), nowMS-slotsMemoryMS)
 	entries = applyDeltas(entries, l.pending, l.oldestLiveEpoch(nowMS), l.configuredCache)
 	out := make(map[uint64]Load, len(entries))
 	for i := range entries {
 		ld := entries[i].load()
 		ld.Written, ld.Since, ld.Chunk, ld.RateTokens, ld.RateMS = 0, 0, 0, 0, 0 // clocks, not load
-		ld.Recent, ld.RecentSent, ld.Cache = 0, 0, 0
+		ld.Recent, ld.RecentSent, ld.Cache, ld.FullRunning, ld.FullAt = 0, 0, 0, 0, 0
 		if ld.Requests > 0 || ld.Prefills > 0 || ld.Tokens > 0 || ld.Prefill > 0 {
 			out[entries[i].target] = ld
 		}
@@ -493,7 +516,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 // starts from, and stays at or under, the delta's cacheLimit, else configuredCache.
 func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest, configuredCache int64) []ledgerEntry {
 	for _, d := range deltas {
-		if d.epoch <= oldest && d.written == 0 && d.recentSent == 0 && !d.progress() && d.cacheHit == 0 {
+		if d.epoch <= oldest && d.written == 0 && d.recentSent == 0 && !d.progress() && d.cacheHit == 0 && d.fullAt == 0 {
 			continue
 		}
 		i := 0
@@ -516,6 +539,9 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest, configured
 		}
 		if d.cacheHit != 0 {
 			e.cache = learnCache(e.cache, cmp.Or(d.cacheLimit, configuredCache), &d)
+		}
+		if d.fullAt != 0 {
+			e.fullRunning, e.fullAt = mergeFull(e.fullRunning, e.fullAt, d.fullRunning, d.fullAt)
 		}
 		if d.epoch <= oldest {
 			continue
@@ -552,6 +578,9 @@ func (l *LoadLedger) note(d *ledgerDelta, nowMS func() int64) error {
 			if d.recentSent != 0 || d.recent != 0 {
 				p.recent, p.recentSent, p.recentEpoch = addRecent(p.recent, p.recentSent, p.recentEpoch, d.recent, d.recentSent, d.recentEpoch)
 			}
+			if d.fullAt != 0 {
+				p.fullRunning, p.fullAt = mergeFull(p.fullRunning, p.fullAt, d.fullRunning, d.fullAt)
+			}
 			merged = true
 			break
 		}
@@ -569,7 +598,7 @@ func (l *LoadLedger) note(d *ledgerDelta, nowMS func() int64) error {
 // were released within the batch cancel out.
 func (l *LoadLedger) hasChanges() bool {
 	for _, d := range l.pending {
-		if d.requests != 0 || d.prefills != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 || d.recentSent != 0 || d.progress() || d.cacheHit != 0 {
+		if d.requests != 0 || d.prefills != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 || d.recentSent != 0 || d.progress() || d.cacheHit != 0 || d.fullAt != 0 {
 			return true
 		}
 	}
@@ -599,7 +628,7 @@ func (l *LoadLedger) Flush(nowMS int64) error {
 	oldest := l.oldestLiveEpoch(nowMS)
 	var seen []byte
 	err := state.Update(l.store, l.key, l.retries, func(old []byte) ([]byte, bool) {
-		next := encodeLedger(applyDeltas(decodeLedger(old, oldest), l.pending, oldest, l.configuredCache), l.keepClock)
+		next := encodeLedger(applyDeltas(decodeLedger(old, oldest, nowMS-slotsMemoryMS), l.pending, oldest, l.configuredCache), l.keepClock)
 		if !l.hasChanges() && (old == nil || len(next) == len(old)) {
 			// Nothing to write and nothing expired (dropping a slot shortens the value).
 			seen = old
@@ -680,6 +709,25 @@ func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 		}
 	}
 	t.Prefill = 0
+	return l.note(&d, func() int64 { return nowMS })
+}
+
+// mergeFull is the later of two sightings of a target out of running slots (of the
+// same time, the one with more running): the engine's slots as last seen, whichever
+// VM saw it and in whatever order the VMs write.
+func mergeFull(aRunning, aAt, bRunning, bAt int64) (running, at int64) {
+	if bAt > aAt || bAt == aAt && bRunning > aRunning {
+		return bRunning, bAt
+	}
+	return aRunning, aAt
+}
+
+// SeenFull records that target was seen out of running slots at nowMS while running
+// running requests past their first chunk (Load.FullRunning, Load.FullAt). The news
+// is written with the VM's batch; an error means that write failed, and the news
+// stays in the batch for the next.
+func (l *LoadLedger) SeenFull(target uint64, running, nowMS int64) error {
+	d := ledgerDelta{target: target, epoch: nowMS / l.slotMS, fullRunning: running, fullAt: nowMS}
 	return l.note(&d, func() int64 { return nowMS })
 }
 

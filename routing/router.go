@@ -161,7 +161,7 @@ type poolView struct {
 	eligible []int   // indices into pool.targets.Targets, endpoint-first
 	loads    []Load  // per index of pool.targets.Targets
 	ahead    []int64 // per index: queued prefill estimated ahead of this request (eligible only)
-	total    Load    // over the eligible targets: Requests and Tokens only
+	total    Load    // over the eligible targets: Requests, Tokens and RecentSent only
 	cap      int64
 	busiest  int64 // the most requests an eligible target has
 	// perRequest is the pool's recent mean of uncached tokens per request: the wait
@@ -226,7 +226,7 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 			ahead[i] = l.PrefillAheadAt(nowMS, rtok, rms)
 		}
 	}
-	v.total.Requests, v.total.Tokens, v.busiest = requests, tokens, busiest
+	v.total.Requests, v.total.Tokens, v.total.RecentSent, v.busiest = requests, tokens, sent, busiest
 	v.cap = fairShareCap(r.cfg.Balance.FairShareMultiplier, requests, len(eligible))
 	// A target that has stalled while running many requests past their first chunk has
 	// run out of running slots (slotsFullRunning): requests in flight, not prefill
@@ -367,6 +367,32 @@ func (r *Router) PublishEngineFigures(prefill bool, address string, byRank map[i
 // short prompts an engine step makes late, than requests waiting for a slot.
 // BENCHMARKS.md has the replays behind it.
 const slotsFullRunning = 16
+
+// slotsMemoryMS is how long a target's running slots, once seen out of them
+// (Load.FullRunning), count for first turns after it was last recorded so (at least
+// every eighth of it while it is seen). An engine's slot count is its configuration
+// (max_num_seqs, max_running_requests), so it holds while the engine runs; the limit
+// lets a count misread, or an engine restarted with more slots, be forgotten.
+const slotsMemoryMS = 10 * 60 * 1000
+
+// slotWait estimates how long a request waits for a running slot on a target that runs
+// all of its slots, in tokens of prefill at the pool's rate: the time between two
+// requests' ends there. By Little's law a request stays in the pool its in-flight
+// requests over the rate they are sent, which the recent sends give (halved every
+// recentHalfLifeMS, they hold the rate times the half-life and the time since the
+// last halving); on a target of slots running ones, one ends every slots-th of that.
+func (v *poolView) slotWait(slots int64) float64 {
+	if v.total.RecentSent <= 0 || v.rate <= 0 || slots <= 0 {
+		return 0
+	}
+	window := float64(recentHalfLifeMS + v.nowMS%recentHalfLifeMS)
+	stay := float64(v.total.Requests) * window / float64(v.total.RecentSent)
+	return stay / float64(slots) * v.rate
+}
+
+// maxSlotWait bounds a target's slot wait, in tokens, so that an estimate from a
+// handful of requests, which may be far off, cannot wrap the wait it is added to.
+const maxSlotWait = 1 << 40
 
 // fairShareCap is the fair-share cap: max(1, ceil(m × ceil((active+1)/n))).
 func fairShareCap(multiplier float64, active int64, n int) int64 {
@@ -1215,13 +1241,33 @@ func (r *Router) firstTurn(v *poolView, req *extract.Request, pr *prompt) (int, 
 // many requests in flight is left out (it is full, or this turn would fill it), as is
 // every target out of slots, while some other is not: the turn would wait there for a
 // request to end, whatever it caches, and so would the conversation's later turns.
+//
+// A target is seen full only once it is, and the conversations placed there on the
+// way stay. So how many a target ran when last seen out of slots is kept in the
+// ledger (Load.FullRunning) for slotsMemoryMS, and every VM's first turns go by the
+// most of those: a target with that many requests in flight or more is charged the
+// wait for a slot (slotWait) for each of them from that count up. A charge rather
+// than leaving it out: a long prompt cached there may still cost more to compute
+// again than the wait.
 func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
-	var slots int64 // the running slots of a target out of them (0: none is)
+	var slots, seen int64 // the running slots of a target out of them now, and seen lately
+	ts := v.pool.targets.Targets
 	for _, i := range v.eligible {
-		if l := &v.loads[i]; l.OutOfSlots(v.ahead[i]) {
-			slots = max(slots, l.Requests-l.Prefills)
+		l := &v.loads[i]
+		if !l.OutOfSlots(v.ahead[i]) {
+			if l.FullAt > 0 && v.nowMS-l.FullAt < slotsMemoryMS {
+				seen = max(seen, l.FullRunning)
+			}
+			continue
+		}
+		running := l.Requests - l.Prefills
+		slots = max(slots, running)
+		if running != l.FullRunning || v.nowMS-l.FullAt >= slotsMemoryMS/8 {
+			// A failed write stays in the batch for the next flush.
+			_ = v.pool.ledger.SeenFull(ts[i].ID, running, v.nowMS)
 		}
 	}
+	seen = max(seen, slots)
 	cands := v.eligible
 	if slots > 0 {
 		cands = v.pool.candBuf[:0]
@@ -1234,6 +1280,10 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 			cands = v.eligible
 		}
 	}
+	slotWait := 0.0
+	if seen > 0 {
+		slotWait = v.slotWait(seen)
+	}
 	r.lookup(v, pr)
 	matched := r.matchedTokens(v, req, pr, cands)
 	wait := v.pool.waitBuf
@@ -1244,6 +1294,9 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 			w -= int64(matched[i])
 		}
 		w += v.overCap(i)
+		if over := v.loads[i].Requests - seen + 1; seen > 0 && over > 0 {
+			w += int64(math.Min(float64(over)*slotWait, maxSlotWait))
+		}
 		wait[i] = w
 		low = min(low, w)
 	}
