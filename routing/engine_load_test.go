@@ -67,3 +67,26 @@ func TestEngineFiguresIgnoredWhenDisabled(t *testing.T) {
 	}
 	assert.Len(t, seen, 3)
 }
+
+func TestSlotWaitCountsTheLedgersOwnRequests(t *testing.T) {
+	// The engine reports 50 running where this gateway sent 10 of 200 sent lately:
+	// the slot wait goes by the 10, as the 200 are this gateway's alone.
+	clock := &fakeClock{ms: 1_000_000}
+	cfg := testConfig(t, `,"engine_metrics":{"enabled":true,"interval_ms":1000,"stale_ms":5000}`)
+	r := NewRouter(cfg, state.NewMemoryStore(), clock.now)
+	targets := r.DecodeTargets()
+	for k := 0; k < 200; k++ {
+		tk, err := r.decode.ledger.AcquireQueued(targets[k%len(targets)].ID, 100, 100, clock.ms, clock.ms)
+		require.NoError(t, err)
+		require.NoError(t, r.decode.ledger.FirstChunk(&tk, clock.ms+10))
+		if k >= 10 {
+			require.NoError(t, r.decode.ledger.Release(tk, clock.now))
+		}
+	}
+	require.NoError(t, r.PublishEngineFigures(false, targets[0].Address, map[int]engine.EngineFigures{0: {Running: 50}}))
+	v, err := r.view(r.decode, NoRank, clock.ms)
+	require.NoError(t, err)
+	require.Greater(t, v.total.Requests, int64(50), "the engine's report counts for load")
+	window := float64(recentHalfLifeMS + clock.ms%recentHalfLifeMS)
+	assert.InDelta(t, 10*window/200/16*v.rate, v.slotWait(16), 1e-6)
+}

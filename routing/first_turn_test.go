@@ -272,7 +272,7 @@ func TestSlotWait(t *testing.T) {
 	// 80 in flight, 1000 sent lately, half a half-life since the last halving (the
 	// sends are over 1.5 half-lives): a request stays 80 / (1000 / 98 304 ms) =
 	// 7864 ms; one of 16 slots frees every 491.52 ms, 4915 tokens at 10 a ms.
-	v := &poolView{total: Load{Requests: 80, RecentSent: 1000}, rate: 10, nowMS: 5*recentHalfLifeMS + recentHalfLifeMS/2}
+	v := &poolView{total: Load{Requests: 80, RecentSent: 1000}, sentInFlight: 80, rate: 10, nowMS: 5*recentHalfLifeMS + recentHalfLifeMS/2}
 	assert.InDelta(t, 4915.2, v.slotWait(16), 0.01)
 	v.rate = 0
 	assert.Zero(t, v.slotWait(16), "no rate seen")

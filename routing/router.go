@@ -167,6 +167,10 @@ type poolView struct {
 	// perRequest is the pool's recent mean of uncached tokens per request: the wait
 	// a soft cap charges on a target for each request it has from one below the cap up.
 	perRequest int64
+	// sentInFlight is the requests in flight that the ledger counts, over the eligible
+	// targets: those the recent sends count too, where an engine's report may add
+	// others' (slotWait).
+	sentInFlight int64
 	// rate is the pool's observed prefill rate, tokens per ms (0: none seen yet).
 	rate float64
 	// nowMS is the time of the decision.
@@ -202,10 +206,13 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	// in wasm; the total's other fields stay zero.
 	v := &p.view
 	v.pool, v.loads, v.ahead, v.eligible = p, loads, ahead, eligible
+	var requests, tokens, busiest, recent, sent, rtok, rms, sentInFlight int64
 	if p.engine != nil {
+		for _, i := range eligible {
+			sentInFlight += loads[i].Requests
+		}
 		r.addEngineLoad(p, v, nowMS)
 	}
-	var requests, tokens, busiest, recent, sent, rtok, rms int64
 	for _, i := range eligible {
 		requests += loads[i].Requests
 		tokens += loads[i].Tokens
@@ -227,6 +234,10 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 		}
 	}
 	v.total.Requests, v.total.Tokens, v.total.RecentSent, v.busiest = requests, tokens, sent, busiest
+	if p.engine == nil {
+		sentInFlight = requests
+	}
+	v.sentInFlight = sentInFlight
 	v.cap = fairShareCap(r.cfg.Balance.FairShareMultiplier, requests, len(eligible))
 	// A target that has stalled while running many requests past their first chunk has
 	// run out of running slots (slotsFullRunning): requests in flight, not prefill
@@ -381,12 +392,14 @@ const slotsMemoryMS = 10 * 60 * 1000
 // requests over the rate they are sent, which the recent sends give (halved every
 // recentHalfLifeMS, they hold the rate times the half-life and the time since the
 // last halving); on a target of slots running ones, one ends every slots-th of that.
+// Both counts are the ledger's own: what an engine reports may include requests other
+// gateways sent, which the recent sends do not count.
 func (v *poolView) slotWait(slots int64) float64 {
 	if v.total.RecentSent <= 0 || v.rate <= 0 || slots <= 0 {
 		return 0
 	}
 	window := float64(recentHalfLifeMS + v.nowMS%recentHalfLifeMS)
-	stay := float64(v.total.Requests) * window / float64(v.total.RecentSent)
+	stay := float64(v.sentInFlight) * window / float64(v.total.RecentSent)
 	return stay / float64(slots) * v.rate
 }
 
