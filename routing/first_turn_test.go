@@ -319,3 +319,36 @@ func TestSightingsOutOfSlots(t *testing.T) {
 	assert.Zero(t, got[0].FullAt, "forgotten")
 	assert.Len(t, v, 1+ledgerTargetHeader, "only target 8's entry")
 }
+
+func TestASightingFromAheadOfTheClockIsIgnored(t *testing.T) {
+	// A sighting in the ledger's key dated further ahead than the memory is no
+	// reading of this host's clock (a torn or foreign value): a first turn does not
+	// go by it, and the next write drops it.
+	r, clock, rng, system, holder := promptOnAHolder(t)
+	_, err := r.decode.ledger.Acquire(holder.ID, 100, clock.ms)
+	require.NoError(t, err)
+	require.NoError(t, r.FlushLoad())
+	l := r.decode.ledger
+	v, _, err := l.store.Get(l.key)
+	require.NoError(t, err)
+	entries := decodeLedger(v, l.oldestLiveEpoch(clock.ms), clock.ms)
+	for i := range entries {
+		if entries[i].target == holder.ID {
+			entries[i].fullRunning, entries[i].fullAt = 1, clock.ms+slotsMemoryMS
+		}
+	}
+	require.NoError(t, l.store.Set(l.key, encodeLedger(entries, nil), 0))
+	require.NoError(t, r.FlushLoad())
+	loads, err := r.Loads()
+	require.NoError(t, err)
+	require.Equal(t, clock.ms+slotsMemoryMS, loads[r.decode.targets.Index(holder.ID)].FullAt, "read as written")
+
+	d := newConversation(t, r, system+words(rng, 300), 2, 7)
+	assert.Equal(t, holder.Address, d.Target.Address)
+	require.NoError(t, r.FlushLoad()) // the turn's load is a change: the key is written
+	loads, err = r.Loads()
+	require.NoError(t, err)
+	for i, l := range loads {
+		assert.Zero(t, l.FullAt, "target %d", i)
+	}
+}

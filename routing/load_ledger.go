@@ -318,9 +318,10 @@ func (e *ledgerEntry) load() Load {
 func (l *LoadLedger) oldestLiveEpoch(nowMS int64) int64 { return nowMS/l.slotMS - ledgerSlots }
 
 // decodeLedger reads the live slots of every target, and the sightings out of running
-// slots after forgetBefore ms; a value of another format (or a torn one) reads as
-// empty, so the ledger starts afresh.
-func decodeLedger(v []byte, oldest, forgetBefore int64) []ledgerEntry {
+// slots within slotsMemoryMS of nowMS (one from further ahead is no reading of this
+// host's clock); a value of another format (or a torn one) reads as empty, so the
+// ledger starts afresh.
+func decodeLedger(v []byte, oldest, nowMS int64) []ledgerEntry {
 	if len(v) < 1 || v[0] != ledgerFormat {
 		return nil
 	}
@@ -333,7 +334,7 @@ func decodeLedger(v []byte, oldest, forgetBefore int64) []ledgerEntry {
 			recent: int64(binary.LittleEndian.Uint64(v[40:])), recentSent: int64(binary.LittleEndian.Uint32(v[48:])),
 			recentEpoch: int64(binary.LittleEndian.Uint32(v[52:])), cache: int64(binary.LittleEndian.Uint64(v[56:])),
 			fullRunning: int64(binary.LittleEndian.Uint32(v[64:])), fullAt: int64(binary.LittleEndian.Uint64(v[68:]))}
-		if e.fullAt <= forgetBefore {
+		if e.fullAt <= nowMS-slotsMemoryMS || e.fullAt >= nowMS+slotsMemoryMS {
 			e.fullRunning, e.fullAt = 0, 0
 		}
 		n := int(v[76])
@@ -497,7 +498,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 			return nil, err
 		}
 	}
-	entries := decodeLedger(l.seen, l.oldestLiveEpoch(nowMS), nowMS-slotsMemoryMS)
+	entries := decodeLedger(l.seen, l.oldestLiveEpoch(nowMS), nowMS)
 	entries = applyDeltas(entries, l.pending, l.oldestLiveEpoch(nowMS), l.configuredCache)
 	out := make(map[uint64]Load, len(entries))
 	for i := range entries {
@@ -628,7 +629,7 @@ func (l *LoadLedger) Flush(nowMS int64) error {
 	oldest := l.oldestLiveEpoch(nowMS)
 	var seen []byte
 	err := state.Update(l.store, l.key, l.retries, func(old []byte) ([]byte, bool) {
-		next := encodeLedger(applyDeltas(decodeLedger(old, oldest, nowMS-slotsMemoryMS), l.pending, oldest, l.configuredCache), l.keepClock)
+		next := encodeLedger(applyDeltas(decodeLedger(old, oldest, nowMS), l.pending, oldest, l.configuredCache), l.keepClock)
 		if !l.hasChanges() && (old == nil || len(next) == len(old)) {
 			// Nothing to write and nothing expired (dropping a slot shortens the value).
 			seen = old

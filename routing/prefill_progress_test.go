@@ -117,7 +117,7 @@ func TestRateSumsAreHalvedPastTheirWindow(t *testing.T) {
 		require.NoError(t, l.Release(tk, func() int64 { return now }))
 	}
 	require.NoError(t, l.Flush(now))
-	e := decodeLedger(l.seen, l.oldestLiveEpoch(now), 0)
+	e := decodeLedger(l.seen, l.oldestLiveEpoch(now), now)
 	require.Len(t, e, 1)
 	assert.LessOrEqual(t, e[0].rateMS, int64(rateWindowMS))
 	assert.Greater(t, e[0].rateMS, int64(rateWindowMS/2))

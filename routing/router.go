@@ -1268,7 +1268,7 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 	for _, i := range v.eligible {
 		l := &v.loads[i]
 		if !l.OutOfSlots(v.ahead[i]) {
-			if l.FullAt > 0 && v.nowMS-l.FullAt < slotsMemoryMS {
+			if age := v.nowMS - l.FullAt; l.FullAt > 0 && age < slotsMemoryMS && age > -slotsMemoryMS {
 				seen = max(seen, l.FullRunning)
 			}
 			continue
