@@ -217,6 +217,15 @@ func (l *Load) OutOfSlots(ahead int64) bool {
 	return l.Requests-l.Prefills >= slotsFullRunning && l.Prefills >= 2 && ahead == 0
 }
 
+// SlotsSeen is FullRunning while the sighting is within slotsMemoryMS of nowMS, else
+// 0. One further ahead is no reading of this host's clock (a torn or foreign value).
+func (l *Load) SlotsSeen(nowMS int64) int64 {
+	if age := nowMS - l.FullAt; l.FullAt > 0 && age < slotsMemoryMS && age > -slotsMemoryMS {
+		return l.FullRunning
+	}
+	return 0
+}
+
 // stallFactor is how many times its expected time a queued prefill may take before
 // its target counts as stalled: a rate is an average over prompts, and one prompt's
 // prefill may well take somewhat longer than it says.

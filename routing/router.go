@@ -386,6 +386,28 @@ const slotsFullRunning = 16
 // lets a count misread, or an engine restarted with more slots, be forgotten.
 const slotsMemoryMS = 10 * 60 * 1000
 
+// runningSlots is the most requests an eligible target out of running slots runs
+// (slots, 0: none is), and the most of those and of the sightings kept
+// (Load.SlotsSeen; seen, 0: none). It records each target out of slots in the
+// ledger, when its count changed or its sighting is an eighth of slotsMemoryMS old.
+func (v *poolView) runningSlots() (slots, seen int64) {
+	ts := v.pool.targets.Targets
+	for _, i := range v.eligible {
+		l := &v.loads[i]
+		if !l.OutOfSlots(v.ahead[i]) {
+			seen = max(seen, l.SlotsSeen(v.nowMS))
+			continue
+		}
+		running := l.Requests - l.Prefills
+		slots = max(slots, running)
+		if running != l.FullRunning || v.nowMS-l.FullAt >= slotsMemoryMS/8 {
+			// A failed write stays in the batch for the next flush.
+			_ = v.pool.ledger.SeenFull(ts[i].ID, running, v.nowMS)
+		}
+	}
+	return slots, max(seen, slots)
+}
+
 // slotWait estimates how long a request waits for a running slot on a target that runs
 // all of its slots, in tokens of prefill at the pool's rate: the time between two
 // requests' ends there. By Little's law a request stays in the pool its in-flight
@@ -1263,24 +1285,7 @@ func (r *Router) firstTurn(v *poolView, req *extract.Request, pr *prompt) (int, 
 // than leaving it out: a long prompt cached there may still cost more to compute
 // again than the wait.
 func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
-	var slots, seen int64 // the running slots of a target out of them now, and seen lately
-	ts := v.pool.targets.Targets
-	for _, i := range v.eligible {
-		l := &v.loads[i]
-		if !l.OutOfSlots(v.ahead[i]) {
-			if age := v.nowMS - l.FullAt; l.FullAt > 0 && age < slotsMemoryMS && age > -slotsMemoryMS {
-				seen = max(seen, l.FullRunning)
-			}
-			continue
-		}
-		running := l.Requests - l.Prefills
-		slots = max(slots, running)
-		if running != l.FullRunning || v.nowMS-l.FullAt >= slotsMemoryMS/8 {
-			// A failed write stays in the batch for the next flush.
-			_ = v.pool.ledger.SeenFull(ts[i].ID, running, v.nowMS)
-		}
-	}
-	seen = max(seen, slots)
+	slots, seen := v.runningSlots()
 	cands := v.eligible
 	if slots > 0 {
 		cands = v.pool.candBuf[:0]
