@@ -157,15 +157,21 @@ func TestFirstTurnLeavesATargetOutOfRunningSlots(t *testing.T) {
 	}
 }
 
-func TestFirstTurnKeepsToTheRunningSlotsSeen(t *testing.T) {
+func TestTheRunningSlotsSeen(t *testing.T) {
 	// As above: sixteen decoding on rank 1 and two waiting for a slot there, seen
-	// full by a new conversation. Then the two get their slots: rank 1 is not full
-	// now, but runs eighteen, more than the sixteen it was seen full at: a new
-	// conversation whose prompt only rank 1 caches goes elsewhere, as the wait for a
-	// slot there, with every request sent at once, is long. With fifteen in flight
-	// there it takes rank 1. Ranks 0 and 2 run fifteen each, so that rank 1
-	// stays under the fair-share cap.
+	// full by a request. Then the two get their slots: rank 1 is not full now, but
+	// runs eighteen, more than the sixteen it was seen full at: a request whose prompt
+	// only rank 1 caches goes elsewhere, as the wait for a slot there, with every
+	// request sent at once, is long. With fifteen in flight there it takes rank 1. So
+	// for new conversations and for requests without an id alike. Ranks 0 and 2 run
+	// fifteen each, so that rank 1 stays under the fair-share cap.
 	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	for _, ids := range []bool{true, false} {
+		t.Run(fmt.Sprint("conversation ids ", ids), func(t *testing.T) { slotsSeenCase(t, cfg, ids) })
+	}
+}
+
+func slotsSeenCase(t *testing.T, cfg string, ids bool) {
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startHost(t, vm, cfg)
 		rng := rand.New(rand.NewSource(23))
@@ -196,6 +202,10 @@ func TestFirstTurnKeepsToTheRunningSlotsSeen(t *testing.T) {
 		}
 		h.advance(1000)
 		newConversation := func(system, session string) string {
+			if !ids {
+				_, rank, _ := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800))))
+				return rank
+			}
 			_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", session}))
 			assert.Equal(t, "new-conversation", decision)
 			return rank

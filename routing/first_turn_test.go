@@ -1,7 +1,6 @@
 package routing
 
 import (
-	"fmt"
 	"math/rand"
 	"testing"
 
@@ -65,14 +64,14 @@ func newConversation(t *testing.T, r *Router, text string, id, conv uint64) Deci
 	return d
 }
 
-// promptOnAHolder starts a router of three targets with a system prompt of about 1000
-// tokens computed and done on one of them, the holder (so its rate is known, about 6
-// tokens a ms).
-func promptOnAHolder(t *testing.T) (r *Router, clock *fakeClock, rng *rand.Rand, system string, holder Target) {
+// promptOnAHolder starts a router of three targets with a system prompt of
+// systemChars characters (4000: about 1000 tokens) computed and done on one of them,
+// the holder (so its rate is known, about 6 tokens a ms with 4000).
+func promptOnAHolder(t *testing.T, systemChars int) (r *Router, clock *fakeClock, rng *rand.Rand, system string, holder Target) {
 	clock = &fakeClock{ms: 1e6}
 	r = NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
 	rng = rand.New(rand.NewSource(9))
-	system = words(rng, 4000)
+	system = words(rng, systemChars)
 	warm := r.Decide(textRequest(system+words(rng, 300), 1), NoRank)
 	clock.ms += 200
 	require.NoError(t, r.FirstChunk(&warm.Ticket))
@@ -87,7 +86,7 @@ func promptOnAHolder(t *testing.T) (r *Router, clock *fakeClock, rng *rand.Rand,
 // a first chunk afterMS later; then it places a new conversation that shares the
 // prompt.
 func slotsCase(t *testing.T, running, waiting [3]int, afterMS int64) (targets []Target, got Target) {
-	r, clock, rng, system, holder := promptOnAHolder(t)
+	r, clock, rng, system, holder := promptOnAHolder(t, 4000)
 	targets = []Target{holder}
 	for _, tg := range r.DecodeTargets() {
 		if tg.ID != holder.ID {
@@ -230,15 +229,27 @@ func TestFirstTurnKeepsToRunningSlotsSeen(t *testing.T) {
 }
 
 // A target at the slot count seen is charged the wait for a slot for each request
-// from that count up, not left out: a long prompt cached there stays while that wait
-// is less than computing it again elsewhere.
-func TestFirstTurnWeighsTheSlotWaitAgainstTheCache(t *testing.T) {
+// from that count up, not left out: a prompt cached there stays while that wait is
+// less than computing it again elsewhere. For a request without an id the holder
+// keeps it outright while the wait is at most 6 times what it caches, and is
+// weighed by the cost past that.
+func TestTheSlotWaitWeighedAgainstTheCache(t *testing.T) {
 	for _, tc := range []struct {
-		inFlight int
-		holder   bool
-	}{{15, true}, {16, true}, {17, false}} {
-		t.Run(fmt.Sprint(tc.inFlight, " in flight"), func(t *testing.T) {
-			r, clock, rng, system, holder := promptOnAHolder(t)
+		name         string
+		systemChars  int
+		conversation bool
+		inFlight     int
+		holder       bool
+	}{
+		{"first turn, under the count", 4000, true, 15, true},
+		{"first turn, one slot to wait for", 4000, true, 16, true},
+		{"first turn, two slots", 4000, true, 17, false},
+		{"no id, a long prompt, two slots", 4000, false, 17, true},
+		{"no id, a short prompt, under the count", 400, false, 15, true},
+		{"no id, a short prompt, nine slots", 400, false, 24, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, clock, rng, system, holder := promptOnAHolder(t, tc.systemChars)
 			// 2000 requests sent and ended lately, fifteen running on each other
 			// target, and the holder seen full at sixteen: a request stays about 1.9 s
 			// (46 in flight, 2000 sent in about 82 s), so one of sixteen slots frees
@@ -262,8 +273,13 @@ func TestFirstTurnWeighsTheSlotWaitAgainstTheCache(t *testing.T) {
 				_, err := r.decode.ledger.Acquire(holder.ID, 100, clock.ms)
 				require.NoError(t, err)
 			}
-			d := newConversation(t, r, system+words(rng, 300), 2, 7)
-			assert.Equal(t, tc.holder, d.Target.ID == holder.ID)
+			var d Decision
+			if tc.conversation {
+				d = newConversation(t, r, system+words(rng, 300), 2, 7)
+			} else {
+				d = r.Decide(textRequest(system+words(rng, 300), 2), NoRank)
+			}
+			assert.Equal(t, tc.holder, d.Target.ID == holder.ID, "%s", d.Kind)
 		})
 	}
 }
@@ -324,7 +340,7 @@ func TestASightingFromAheadOfTheClockIsIgnored(t *testing.T) {
 	// A sighting in the ledger's key dated further ahead than the memory is no
 	// reading of this host's clock (a torn or foreign value): a first turn does not
 	// go by it, and the next write drops it.
-	r, clock, rng, system, holder := promptOnAHolder(t)
+	r, clock, rng, system, holder := promptOnAHolder(t, 4000)
 	_, err := r.decode.ledger.Acquire(holder.ID, 100, clock.ms)
 	require.NoError(t, err)
 	require.NoError(t, r.FlushLoad())

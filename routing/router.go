@@ -175,6 +175,10 @@ type poolView struct {
 	rate float64
 	// nowMS is the time of the decision.
 	nowMS int64
+	// slotsNow and slotsSeen are runningSlots' counts, slotWaitTokens slotWait at
+	// slotsSeen (0 with none seen).
+	slotsNow, slotsSeen int64
+	slotWaitTokens      float64
 	// copyTokens is the tokens of the request's prefix when its demand needs another
 	// copy (copiesNeeded), else 0: a target without them counts computing them once.
 	copyTokens int
@@ -207,6 +211,7 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	v := &p.view
 	v.pool, v.loads, v.ahead, v.eligible = p, loads, ahead, eligible
 	var requests, tokens, busiest, recent, sent, rtok, rms, sentInFlight int64
+	sighted := false // some eligible target carries a sighting out of running slots
 	if p.engine != nil {
 		for _, i := range eligible {
 			sentInFlight += loads[i].Requests
@@ -221,6 +226,7 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 		sent += loads[i].RecentSent
 		rtok += loads[i].RateTokens
 		rms += loads[i].RateMS
+		sighted = sighted || loads[i].FullAt != 0
 	}
 	// A target that has returned no first chunk yet is taken to compute at the rate
 	// its peers have shown (engines of one pool are alike): counting all it has
@@ -259,7 +265,38 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	if rms > 0 {
 		v.rate = float64(rtok) / float64(rms)
 	}
+	v.slotsNow, v.slotsSeen, v.slotWaitTokens = 0, 0, 0
+	// Only a target running slotsFullRunning or more can be out of slots now, and
+	// only a kept sighting counts otherwise: the common case spares the loop.
+	if busiest >= slotsFullRunning || sighted {
+		v.slotsNow, v.slotsSeen = v.runningSlots()
+		if v.slotsSeen > 0 {
+			v.slotWaitTokens = v.slotWait(v.slotsSeen)
+		}
+	}
 	return v, nil
+}
+
+// slotCharge is the wait for running slots charged on target i: slotWaitTokens for
+// each request it has from the slot count seen up (0 below it, or with none seen). A
+// target is seen full only once it is, and what was placed there on the way stays:
+// so how many a target ran when last seen out of slots is kept in the ledger
+// (Load.FullRunning) for slotsMemoryMS, and every VM's decisions go by the most of
+// those.
+func (v *poolView) slotCharge(i int) int64 {
+	if v.slotsSeen <= 0 {
+		return 0
+	}
+	return v.slotChargeOver(i)
+}
+
+// slotChargeOver is slotCharge with a slot count seen, out of line so that the common
+// answer is inlined where it is asked.
+func (v *poolView) slotChargeOver(i int) int64 {
+	if over := v.loads[i].Requests - v.slotsSeen + 1; over > 0 {
+		return int64(math.Min(float64(over)*v.slotWaitTokens, maxSlotWait))
+	}
+	return 0
 }
 
 // eligibleTargets is the targets of rank (any with NoRank) whose endpoint is not
@@ -496,12 +533,13 @@ func (r *Router) loadOf(l Load) int64 {
 // anywhere). The cost estimates, in prefill tokens (time at a target's prefill
 // rate), how long the request would wait for its first token on a target:
 //
-//	cost(t) = prefill_ahead(t) + (6 + prefills(t)) × (request_tokens − matched(t))
+//	cost(t) = prefill_ahead(t) + slot_wait(t) + (6 + prefills(t)) × (request_tokens − matched(t))
 //	        + load_weight × active_tokens(t) / max(total_active_tokens, request_tokens) × request_tokens
 //
 // prefill_ahead(t) is what is estimated left of the uncached tokens of the requests
 // sent to t whose first response chunk has not come back (Load.PrefillAhead): their
-// prefill is queued or running, ahead of this one. request_tokens − matched(t) is
+// prefill is queued or running, ahead of this one. slot_wait(t) is the wait for a
+// running slot on a target at the slot count seen (poolView.slotCharge). request_tokens − matched(t) is
 // this request's own prefill there, weighted by ownWeight plus prefills(t), the
 // number of those requests: an engine batches the prefills it holds into the same
 // steps, so each of them is delayed by the tokens this one computes (in an engine
@@ -542,7 +580,7 @@ func (r *Router) cheapestFrom(v *poolView, cands []int, req *extract.Request, ma
 			m = float64(matched[i])
 		}
 		l := &v.loads[i]
-		cost := float64(v.ahead[i]) + (ownWeight+float64(l.Prefills))*(reqTokens-m) + w*float64(l.Tokens)/denom*reqTokens
+		cost := float64(v.ahead[i]+v.slotCharge(i)) + (ownWeight+float64(l.Prefills))*(reqTokens-m) + w*float64(l.Tokens)/denom*reqTokens
 		if hot := float64(v.copyTokens); hot > m {
 			cost -= (ownWeight - 1) * (hot - m)
 		}
@@ -1091,12 +1129,12 @@ const (
 	minDemandSpanMS = 256
 )
 
-// queueFits reports whether the prefill queued on target i is no more than what the
-// request's cache there is worth (ownWeight × its cached tokens): then waiting there
-// costs less than computing the whole prompt on an idle target, and affinity needs
-// no weighing.
+// queueFits reports whether the prefill queued on target i, with its wait for a
+// running slot, is no more than what the request's cache there is worth (ownWeight ×
+// its cached tokens): then waiting there costs less than computing the whole prompt
+// on an idle target, and affinity needs no weighing.
 func (r *Router) queueFits(v *poolView, req *extract.Request, pr *prompt, i int) bool {
-	return r.waitFits(v, req, pr, i, v.ahead[i])
+	return r.waitFits(v, req, pr, i, v.ahead[i]+v.slotCharge(i))
 }
 
 // waitFits is queueFits for a wait of q tokens on target i.
@@ -1277,15 +1315,11 @@ func (r *Router) firstTurn(v *poolView, req *extract.Request, pr *prompt) (int, 
 // every target out of slots, while some other is not: the turn would wait there for a
 // request to end, whatever it caches, and so would the conversation's later turns.
 //
-// A target is seen full only once it is, and the conversations placed there on the
-// way stay. So how many a target ran when last seen out of slots is kept in the
-// ledger (Load.FullRunning) for slotsMemoryMS, and every VM's first turns go by the
-// most of those: a target with that many requests in flight or more is charged the
-// wait for a slot (slotWait) for each of them from that count up. A charge rather
-// than leaving it out: a long prompt cached there may still cost more to compute
-// again than the wait.
+// A target at the slot count seen (poolView.slotCharge) is charged the wait for a
+// slot, as in the cost, rather than left out: a long prompt cached there may still
+// cost more to compute again than the wait.
 func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
-	slots, seen := v.runningSlots()
+	slots := v.slotsNow
 	cands := v.eligible
 	if slots > 0 {
 		cands = v.pool.candBuf[:0]
@@ -1298,10 +1332,6 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 			cands = v.eligible
 		}
 	}
-	slotWait := 0.0
-	if seen > 0 {
-		slotWait = v.slotWait(seen)
-	}
 	r.lookup(v, pr)
 	matched := r.matchedTokens(v, req, pr, cands)
 	wait := v.pool.waitBuf
@@ -1311,10 +1341,7 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 		if matched != nil {
 			w -= int64(matched[i])
 		}
-		w += v.overCap(i)
-		if over := v.loads[i].Requests - seen + 1; seen > 0 && over > 0 {
-			w += int64(math.Min(float64(over)*slotWait, maxSlotWait))
-		}
+		w += v.overCap(i) + v.slotCharge(i)
 		wait[i] = w
 		low = min(low, w)
 	}
