@@ -224,3 +224,55 @@ func slotsSeenCase(t *testing.T, cfg string, ids bool) {
 		}
 	})
 }
+
+func TestATurnLeavesATargetAtTheRunningSlotsSeen(t *testing.T) {
+	// A conversation placed on rank 1, which then runs sixteen and has two waiting
+	// for a slot, seen full by a request. Its next turn, whose history is short,
+	// leaves for a target with room (overflow); with fifteen in flight on rank 1 a
+	// turn of another conversation placed there stays.
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, cfg)
+		rng := rand.New(rand.NewSource(29))
+		rank1 := [2]string{"x-data-parallel-rank", "1"}
+		history := map[string]string{}
+		turn := func(session string, headers ...[2]string) (rank, decision string) {
+			history[session] += prose(rng, 400)
+			_, rank, decision = h.route(post("/v1/chat/completions", chat(history[session]),
+				append(headers, [2]string{"x-session-id", session})...))
+			return rank, decision
+		}
+		for _, s := range []string{"a", "b"} {
+			rank, _ := turn(s, rank1)
+			require.Equal(t, "1", rank)
+		}
+		var held, others []uint32
+		for i := 0; i < 30; i++ {
+			id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), [2]string{"x-data-parallel-rank", fmt.Sprint(i % 2 * 2)}))
+			h.stream(id)
+			h.firstChunk(id)
+			others = append(others, id)
+		}
+		for i := 0; i < 18; i++ {
+			id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), rank1))
+			h.stream(id)
+			if i < 16 {
+				h.firstChunk(id)
+			}
+			held = append(held, id)
+		}
+		h.advance(1000)
+		rank, decision := turn("a")
+		assert.Equal(t, "overflow", decision)
+		assert.NotEqual(t, "1", rank)
+		for _, id := range held[15:] {
+			h.endStream(id)
+		}
+		rank, decision = turn("b")
+		assert.Equal(t, "sticky", decision, "under the count seen")
+		assert.Equal(t, "1", rank)
+		for _, id := range append(held[:15], others...) {
+			h.endStream(id)
+		}
+	})
+}

@@ -230,23 +230,34 @@ func TestFirstTurnKeepsToRunningSlotsSeen(t *testing.T) {
 
 // A target at the slot count seen is charged the wait for a slot for each request
 // from that count up, not left out: a prompt cached there stays while that wait is
-// less than computing it again elsewhere. For a request without an id the holder
-// keeps it outright while the wait is at most 6 times what it caches, and is
-// weighed by the cost past that.
+// less than computing it again elsewhere. A continuation's holder keeps a request
+// without an id outright while the wait is at most 6 times what it caches (about
+// 5760 tokens here: eight slots' wait is under it, nine over), and is weighed by the
+// cost past that.
 func TestTheSlotWaitWeighedAgainstTheCache(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		systemChars  int
-		conversation bool
+		conversation bool // a new conversation; with turn, its second turn
+		turn         bool
 		inFlight     int
 		holder       bool
+		kind         Kind // checked when not 0
 	}{
-		{"first turn, under the count", 4000, true, 15, true},
-		{"first turn, one slot to wait for", 4000, true, 16, true},
-		{"first turn, two slots", 4000, true, 17, false},
-		{"no id, a long prompt, two slots", 4000, false, 17, true},
-		{"no id, a short prompt, under the count", 400, false, 15, true},
-		{"no id, a short prompt, nine slots", 400, false, 24, false},
+		{"first turn, under the count", 4000, true, false, 15, true, 0},
+		{"first turn, one slot to wait for", 4000, true, false, 16, true, 0},
+		{"first turn, two slots", 4000, true, false, 17, false, 0},
+		// A continuation: its holder caches about 960 of 1075 tokens.
+		{"no id, a long prompt, two slots", 4000, false, false, 17, true, KindContinuation},
+		{"no id, a long prompt, eight slots", 4000, false, false, 23, true, KindContinuation},
+		{"no id, a long prompt, nine slots", 4000, false, false, 24, false, 0},
+		// A conversation's next turn, its history cached on the holder: it stays
+		// while the wait is worth less than computing the history again elsewhere.
+		{"turn, a long history, two slots", 4000, true, true, 17, true, KindSticky},
+		{"turn, a short history, twenty slots", 400, true, true, 35, false, KindOverflow},
+		// Under the continuation threshold: the cost alone decides.
+		{"no id, a short prompt, under the count", 400, false, false, 15, true, 0},
+		{"no id, a short prompt, nine slots", 400, false, false, 24, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, clock, rng, system, holder := promptOnAHolder(t, tc.systemChars)
@@ -274,12 +285,22 @@ func TestTheSlotWaitWeighedAgainstTheCache(t *testing.T) {
 				require.NoError(t, err)
 			}
 			var d Decision
-			if tc.conversation {
+			switch {
+			case tc.turn:
+				// The first turn was placed on the holder before it filled.
+				require.NoError(t, r.decode.conv.Record(7, holder.ID))
+				req := textRequest(system+words(rng, 300), 2)
+				req.Conversation, req.HasConversation = 7, true
+				d = r.Decide(req, NoRank)
+			case tc.conversation:
 				d = newConversation(t, r, system+words(rng, 300), 2, 7)
-			} else {
+			default:
 				d = r.Decide(textRequest(system+words(rng, 300), 2), NoRank)
 			}
 			assert.Equal(t, tc.holder, d.Target.ID == holder.ID, "%s", d.Kind)
+			if tc.kind != 0 {
+				assert.Equal(t, tc.kind, d.Kind)
+			}
 		})
 	}
 }

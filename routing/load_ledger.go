@@ -28,8 +28,8 @@ import (
 // target keeps its cache as its first chunks have shown it (learnCache): how much its
 // write clock may move on, with a copy's own tokens, before the copy is gone. And each
 // target keeps how many requests it ran when it was last seen out of running slots
-// (Load.OutOfSlots), and when: the engine's slot count, which first turns go by
-// after it has drained (Router.soonest). Load is counted in time slots of
+// (Load.OutOfSlots), and when: the engine's slot count, which decisions go by after
+// it has drained (poolView.slotCharge). Load is counted in time slots of
 // lease/ledgerSlots: a request adds to the slot of its start time and its release
 // takes from that same slot, and slots older than the lease are dropped. So a
 // completion that never arrives (a VM restart, a lost stream) stops counting after

@@ -417,7 +417,7 @@ func (r *Router) PublishEngineFigures(prefill bool, address string, byRank map[i
 const slotsFullRunning = 16
 
 // slotsMemoryMS is how long a target's running slots, once seen out of them
-// (Load.FullRunning), count for first turns after it was last recorded so (at least
+// (Load.FullRunning), count for decisions after it was last recorded so (at least
 // every eighth of it while it is seen). An engine's slot count is its configuration
 // (max_num_seqs, max_running_requests), so it holds while the engine runs; the limit
 // lets a count misread, or an engine restarted with more slots, be forgotten.
@@ -1205,17 +1205,19 @@ func (r *Router) placeConversation(v *poolView, req *extract.Request, pr *prompt
 	}
 	if found {
 		if i := v.position(mapped); i >= 0 {
-			if !v.atCap(i) && (v.ahead[i] == 0 || len(pr.hashed.Checkpoints) == 0) {
+			// The wait there: the prefill queued, and for a running slot.
+			wait := v.ahead[i] + v.slotCharge(i)
+			if !v.atCap(i) && (wait == 0 || len(pr.hashed.Checkpoints) == 0) {
 				// Without a prompt to look up, nothing says the wait costs more
 				// than the history cached there.
 				return i, KindSticky, nil
 			}
 			// The cap is soft for a turn whose history can be looked up: at or
-			// over it, the target's wait is charged overCap, and the turn stays
+			// over it, the target's wait is charged overCap too, and the turn stays
 			// while that wait is no more than its cache there is worth.
 			if len(pr.hashed.Checkpoints) > 0 {
 				r.lookup(v, pr)
-				if r.waitFits(v, req, pr, i, v.ahead[i]+v.overCap(i)) {
+				if r.waitFits(v, req, pr, i, wait+v.overCap(i)) {
 					return i, KindSticky, nil
 				}
 			}
