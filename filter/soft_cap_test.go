@@ -185,22 +185,7 @@ func slotsSeenCase(t *testing.T, cfg string, ids bool) {
 			h.firstChunk(id)
 			h.endStream(id)
 		}
-		var held, others []uint32
-		for i := 0; i < 30; i++ {
-			id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), [2]string{"x-data-parallel-rank", fmt.Sprint(i % 2 * 2)}))
-			h.stream(id)
-			h.firstChunk(id)
-			others = append(others, id)
-		}
-		for i := 0; i < 18; i++ {
-			id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), rank1))
-			h.stream(id)
-			if i < 16 {
-				h.firstChunk(id)
-			}
-			held = append(held, id)
-		}
-		h.advance(1000)
+		held, others := fillRank1(h, rng)
 		newConversation := func(system, session string) string {
 			if !ids {
 				_, rank, _ := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800))))
@@ -246,22 +231,7 @@ func TestATurnLeavesATargetAtTheRunningSlotsSeen(t *testing.T) {
 			rank, _ := turn(s, rank1)
 			require.Equal(t, "1", rank)
 		}
-		var held, others []uint32
-		for i := 0; i < 30; i++ {
-			id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), [2]string{"x-data-parallel-rank", fmt.Sprint(i % 2 * 2)}))
-			h.stream(id)
-			h.firstChunk(id)
-			others = append(others, id)
-		}
-		for i := 0; i < 18; i++ {
-			id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), rank1))
-			h.stream(id)
-			if i < 16 {
-				h.firstChunk(id)
-			}
-			held = append(held, id)
-		}
-		h.advance(1000)
+		held, others := fillRank1(h, rng)
 		rank, decision := turn("a")
 		assert.Equal(t, "overflow", decision)
 		assert.NotEqual(t, "1", rank)
@@ -275,4 +245,27 @@ func TestATurnLeavesATargetAtTheRunningSlotsSeen(t *testing.T) {
 			h.endStream(id)
 		}
 	})
+}
+
+// fillRank1 streams fifteen replies decoding on each of ranks 0 and 2 (others), and
+// sixteen decoding on rank 1 with two more sent there still without a first chunk
+// (held, in that order), and moves the clock on a second: rank 1 is out of running
+// slots.
+func fillRank1(h *host, rng *rand.Rand) (held, others []uint32) {
+	for i := 0; i < 30; i++ {
+		id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), [2]string{"x-data-parallel-rank", fmt.Sprint(i % 2 * 2)}))
+		h.stream(id)
+		h.firstChunk(id)
+		others = append(others, id)
+	}
+	for i := 0; i < 18; i++ {
+		id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), [2]string{"x-data-parallel-rank", "1"}))
+		h.stream(id)
+		if i < 16 {
+			h.firstChunk(id)
+		}
+		held = append(held, id)
+	}
+	h.advance(1000)
+	return held, others
 }
