@@ -137,9 +137,14 @@ func TestFirstTurnAndRunningSlots(t *testing.T) {
 		{"few running", [3]int{15, 10, 10}, [3]int{3}, 1000, 0},
 		// A target with no rate of its own is judged at its peers'.
 		{"full without a rate of its own", [3]int{16, 16, 10}, [3]int{0, 2}, 1000, 2},
-		// Two full targets: the busier one's count is the pool's (a target with 17
-		// in flight has room), and a full target is left out whatever its count.
-		{"two full", [3]int{16, 20, 15}, [3]int{2, 2, 2}, 1000, 2},
+		// Engines of one pool are alike: late requests on a target running fewer
+		// than another are prefill, not a wait for a slot.
+		{"late while another runs more", [3]int{16, 17, 15}, [3]int{2}, 1000, 0},
+		// Two late: the busier one is full, and its count is the pool's; the holder,
+		// running fewer, is not (its 18 in flight are under the count).
+		{"two late", [3]int{16, 20, 15}, [3]int{2, 2, 2}, 1000, 0},
+		// A target as busy as the full one is full too.
+		{"two full", [3]int{20, 20, 15}, [3]int{2, 2, 2}, 1000, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ts, got := slotsCase(t, tc.running, tc.waiting, tc.afterMS)

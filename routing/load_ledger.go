@@ -212,7 +212,8 @@ func (l *Load) Stalled(nowMS int64) bool {
 // that, however little prefill it brings. One late request alone may be a prompt that
 // took longer than the rate says; the floor keeps out a target whose requests have no
 // first chunk because their responses are not streamed (the whole body comes at the
-// end) or whose engine adds a step's latency to short prompts.
+// end) or whose engine adds a step's latency to short prompts. The pool's other
+// targets can tell more (poolView.outOfSlots).
 func (l *Load) OutOfSlots(ahead int64) bool {
 	return l.Requests-l.Prefills >= slotsFullRunning && l.Prefills >= 2 && ahead == 0
 }

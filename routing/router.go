@@ -176,9 +176,10 @@ type poolView struct {
 	// nowMS is the time of the decision.
 	nowMS int64
 	// slotsNow and slotsSeen are runningSlots' counts, slotWaitTokens slotWait at
-	// slotsSeen (0 with none seen).
-	slotsNow, slotsSeen int64
-	slotWaitTokens      float64
+	// slotsSeen (0 with none seen), mostRunning the most requests past their first
+	// chunk on an eligible target (set by runningSlots, for outOfSlots).
+	slotsNow, slotsSeen, mostRunning int64
+	slotWaitTokens                   float64
 	// copyTokens is the tokens of the request's prefix when its demand needs another
 	// copy (copiesNeeded), else 0: a target without them counts computing them once.
 	copyTokens int
@@ -265,7 +266,7 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	if rms > 0 {
 		v.rate = float64(rtok) / float64(rms)
 	}
-	v.slotsNow, v.slotsSeen, v.slotWaitTokens = 0, 0, 0
+	v.slotsNow, v.slotsSeen, v.slotWaitTokens, v.mostRunning = 0, 0, 0, 0
 	// Only a target running slotsFullRunning or more can be out of slots now, and
 	// only a kept sighting counts otherwise: the common case spares the loop.
 	if busiest >= slotsFullRunning || sighted {
@@ -429,9 +430,14 @@ const slotsMemoryMS = 10 * 60 * 1000
 // ledger, when its count changed or its sighting is an eighth of slotsMemoryMS old.
 func (v *poolView) runningSlots() (slots, seen int64) {
 	ts := v.pool.targets.Targets
+	most := int64(0)
+	for _, i := range v.eligible {
+		most = max(most, v.loads[i].Requests-v.loads[i].Prefills)
+	}
+	v.mostRunning = most
 	for _, i := range v.eligible {
 		l := &v.loads[i]
-		if !l.OutOfSlots(v.ahead[i]) {
+		if !v.outOfSlots(i) {
 			seen = max(seen, l.SlotsSeen(v.nowMS))
 			continue
 		}
@@ -443,6 +449,17 @@ func (v *poolView) runningSlots() (slots, seen int64) {
 		}
 	}
 	return slots, max(seen, slots)
+}
+
+// outOfSlots is Load.OutOfSlots for eligible target i, and no eligible target runs
+// more requests past their first chunk (mostRunning, set by runningSlots). Engines of
+// one pool are alike: one that runs fewer than another is not at its slot count, and
+// its late requests are prompts that took longer than its rate says. Taken for a
+// sighting, such a count would charge every target running as many the wait for a
+// slot that is free.
+func (v *poolView) outOfSlots(i int) bool {
+	l := &v.loads[i]
+	return l.Requests-l.Prefills >= v.mostRunning && l.OutOfSlots(v.ahead[i])
 }
 
 // slotWait estimates how long a request waits for a running slot on a target that runs
@@ -1311,7 +1328,7 @@ func (r *Router) firstTurn(v *poolView, req *extract.Request, pr *prompt) (int, 
 // nobody caches yet, a new application's, goes to the target with the least work
 // lately rather than to the next in turn.
 //
-// While a target is out of running slots (Load.OutOfSlots), the engines of the pool
+// While a target is out of running slots (poolView.outOfSlots), the engines of the pool
 // are taken to run as many as the busiest such target does, and a target with that
 // many requests in flight is left out (it is full, or this turn would fill it), as is
 // every target out of slots, while some other is not: the turn would wait there for a
@@ -1326,7 +1343,7 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 	if slots > 0 {
 		cands = v.pool.candBuf[:0]
 		for _, i := range v.eligible {
-			if l := &v.loads[i]; l.Requests < slots && !l.OutOfSlots(v.ahead[i]) {
+			if v.loads[i].Requests < slots && !v.outOfSlots(i) {
 				cands = append(cands, i)
 			}
 		}
