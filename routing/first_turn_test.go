@@ -245,27 +245,52 @@ func TestTheSlotWaitWeighedAgainstTheCache(t *testing.T) {
 		systemChars  int
 		conversation bool // a new conversation; with turn, its second turn
 		turn         bool
+		shared       bool // the system prompt is cached on every target
 		inFlight     int
 		holder       bool
 		kind         Kind // checked when not 0
 	}{
-		{"first turn, under the count", 4000, true, false, 15, true, 0},
-		{"first turn, one slot to wait for", 4000, true, false, 16, true, 0},
-		{"first turn, two slots", 4000, true, false, 17, false, 0},
-		// A continuation: its holder caches about 960 of 1075 tokens.
-		{"no id, a long prompt, two slots", 4000, false, false, 17, true, KindContinuation},
-		{"no id, a long prompt, eight slots", 4000, false, false, 23, true, KindContinuation},
-		{"no id, a long prompt, nine slots", 4000, false, false, 24, false, 0},
+		{"first turn, under the count", 4000, true, false, false, 15, true, 0},
+		{"first turn, one slot to wait for", 4000, true, false, false, 16, true, 0},
+		{"first turn, two slots", 4000, true, false, false, 17, false, 0},
+		// A continuation: its holder caches about 960 of 1075 tokens. At the slot
+		// count the cost decides: seven slots' wait costs less than computing it
+		// all again, eight more.
+		{"no id, a long prompt, two slots", 4000, false, false, false, 17, true, KindContinuation},
+		{"no id, a long prompt, seven slots", 4000, false, false, false, 22, true, KindContinuation},
+		{"no id, a long prompt, eight slots", 4000, false, false, false, 23, false, 0},
 		// A conversation's next turn, its history cached on the holder: it stays
 		// while the wait is worth less than computing the history again elsewhere.
-		{"turn, a long history, two slots", 4000, true, true, 17, true, KindSticky},
-		{"turn, a short history, twenty slots", 400, true, true, 35, false, KindOverflow},
+		{"turn, a long history, two slots", 4000, true, true, false, 17, true, KindSticky},
+		{"turn, a short history, twenty slots", 400, true, true, false, 35, false, KindOverflow},
+		// Its history is a system prompt every target holds: elsewhere, the turn
+		// computes only its own words, which costs less than two slots' wait.
+		{"turn, a history every target holds, under the count", 4000, true, true, true, 15, true, KindSticky},
+		{"turn, a history every target holds, two slots", 4000, true, true, true, 17, false, KindOverflow},
 		// Under the continuation threshold: the cost alone decides.
-		{"no id, a short prompt, under the count", 400, false, false, 15, true, 0},
-		{"no id, a short prompt, nine slots", 400, false, false, 24, false, 0},
+		{"no id, a short prompt, under the count", 400, false, false, false, 15, true, 0},
+		{"no id, a short prompt, nine slots", 400, false, false, false, 24, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, clock, rng, system, holder := promptOnAHolder(t, tc.systemChars)
+			if tc.shared {
+				// A conversation of its own on each other target computes the
+				// prompt there.
+				for j, tg := range r.DecodeTargets() {
+					if tg.ID == holder.ID {
+						continue
+					}
+					conv := uint64(100 + j)
+					require.NoError(t, r.decode.conv.Record(conv, tg.ID))
+					req := textRequest(system+words(rng, 300), uint64(50+j))
+					req.Conversation, req.HasConversation = conv, true
+					d := r.Decide(req, NoRank)
+					require.Equal(t, tg.ID, d.Target.ID)
+					clock.ms += 200
+					require.NoError(t, r.FirstChunk(&d.Ticket))
+					require.NoError(t, r.Release(d.Ticket))
+				}
+			}
 			// 2000 requests sent and ended lately, fifteen running on each other
 			// target, and the holder seen full at sixteen: a request stays about 1.9 s
 			// (46 in flight, 2000 sent in about 82 s), so one of sixteen slots frees

@@ -1146,12 +1146,20 @@ const (
 	minDemandSpanMS = 256
 )
 
-// queueFits reports whether the prefill queued on target i, with its wait for a
-// running slot, is no more than what the request's cache there is worth (ownWeight ×
-// its cached tokens): then waiting there costs less than computing the whole prompt
-// on an idle target, and affinity needs no weighing.
+// queueFits reports whether the prefill queued on target i is no more than what the
+// request's cache there is worth (ownWeight × its cached tokens): then waiting there
+// costs less than computing the whole prompt on an idle target, and affinity needs no
+// weighing. Never at the slot count seen (slotCharge): the test takes leaving to
+// compute all the target caches again, which overstates it when others hold much of
+// it (a shared system prompt). A queued prefill drains within a prefill's time, so
+// that costs little; a wait for a slot is a share of whole requests' stays and grows
+// with each request kept there, so there the cost decides, which counts what each
+// other target holds.
 func (r *Router) queueFits(v *poolView, req *extract.Request, pr *prompt, i int) bool {
-	return r.waitFits(v, req, pr, i, v.ahead[i]+v.slotCharge(i))
+	if v.slotCharge(i) > 0 {
+		return false
+	}
+	return r.waitFits(v, req, pr, i, v.ahead[i])
 }
 
 // waitFits is queueFits for a wait of q tokens on target i.
@@ -1223,7 +1231,8 @@ func (r *Router) placeConversation(v *poolView, req *extract.Request, pr *prompt
 	if found {
 		if i := v.position(mapped); i >= 0 {
 			// The wait there: the prefill queued, and for a running slot.
-			wait := v.ahead[i] + v.slotCharge(i)
+			slot := v.slotCharge(i)
+			wait := v.ahead[i] + slot
 			if !v.atCap(i) && (wait == 0 || len(pr.hashed.Checkpoints) == 0) {
 				// Without a prompt to look up, nothing says the wait costs more
 				// than the history cached there.
@@ -1231,10 +1240,11 @@ func (r *Router) placeConversation(v *poolView, req *extract.Request, pr *prompt
 			}
 			// The cap is soft for a turn whose history can be looked up: at or
 			// over it, the target's wait is charged overCap too, and the turn stays
-			// while that wait is no more than its cache there is worth.
+			// while that wait is no more than its cache there is worth; at the slot
+			// count, the cost decides (queueFits says why).
 			if len(pr.hashed.Checkpoints) > 0 {
 				r.lookup(v, pr)
-				if r.waitFits(v, req, pr, i, wait+v.overCap(i)) {
+				if slot == 0 && r.waitFits(v, req, pr, i, wait+v.overCap(i)) {
 					return i, KindSticky, nil
 				}
 			}
