@@ -269,3 +269,37 @@ func fillRank1(h *host, rng *rand.Rand) (held, others []uint32) {
 	h.advance(1000)
 	return held, others
 }
+
+func TestAFirstTurnSpreadsRequestsInFlightOnceSlotsBind(t *testing.T) {
+	// Rank 1 seen full at sixteen running (fillRank1), then drained: it has worked
+	// most lately, and runs none. Rank 0 runs ten, rank 2 fifteen. Once a slot count
+	// has been seen, a new conversation whose prompt no rank caches goes where the
+	// fewest requests are in flight: rank 1, not the rank that worked least lately.
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, cfg)
+		rng := rand.New(rand.NewSource(31))
+		held, others := fillRank1(h, rng)
+		// A request decided while rank 1 is out of slots records the sighting.
+		_, rank, _ := h.route(post("/v1/chat/completions", chat(prose(rng, 100))))
+		require.NotEqual(t, "1", rank)
+		for _, id := range held {
+			h.endStream(id)
+		}
+		rank0 := others[:0:0]
+		for i, id := range others {
+			if i%2 == 0 && len(rank0) < 5 {
+				h.endStream(id) // five of rank 0's fifteen end
+				continue
+			}
+			rank0 = append(rank0, id)
+		}
+		h.advance(100)
+		_, rank, decision := h.route(post("/v1/chat/completions", chat(prose(rng, 800)), [2]string{"x-session-id", "s"}))
+		assert.Equal(t, "new-conversation", decision)
+		assert.Equal(t, "1", rank)
+		for _, id := range rank0 {
+			h.endStream(id)
+		}
+	})
+}

@@ -419,3 +419,41 @@ func TestASightingFromAheadOfTheClockIsIgnored(t *testing.T) {
 		assert.Zero(t, l.FullAt, "target %d", i)
 	}
 }
+
+// Once a slot count has been seen, a first turn spreads requests in flight, not recent
+// prefill work: of targets where its first token comes as soon, it takes the one with
+// the fewest in flight, the furthest from its slot count; without one, the one that
+// has worked least lately.
+func TestFirstTurnSpreadsRequestsInFlightOnceSlotsBind(t *testing.T) {
+	for _, seen := range []bool{false, true} {
+		clock := &fakeClock{ms: 1e6}
+		r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
+		rng := rand.New(rand.NewSource(3))
+		ts := r.DecodeTargets()
+		// Recent prefill work (uncached tokens sent, done) and requests in flight:
+		// ts[0] worked most and has fewest in flight, ts[1] the reverse.
+		for j, load := range []struct{ work, inFlight int }{{10000, 2}, {0, 10}, {5000, 12}} {
+			for k := 0; k < load.work/1000; k++ {
+				tk, err := r.decode.ledger.AcquireQueued(ts[j].ID, 1000, 1000, clock.ms, clock.ms)
+				require.NoError(t, err)
+				require.NoError(t, r.decode.ledger.FirstChunk(&tk, clock.ms+100))
+				require.NoError(t, r.decode.ledger.Release(tk, clock.now))
+			}
+			for k := 0; k < load.inFlight; k++ {
+				_, err := r.decode.ledger.Acquire(ts[j].ID, 100, clock.ms)
+				require.NoError(t, err)
+			}
+		}
+		if seen {
+			// Seen full at 16 a while ago: no target is at that count now.
+			require.NoError(t, r.decode.ledger.SeenFull(ts[2].ID, 16, clock.ms-60000))
+		}
+		clock.ms += 1000
+		got := newConversation(t, r, words(rng, 400), 1, 1).Target
+		if seen {
+			assert.Equal(t, ts[0].Address, got.Address, "fewest in flight")
+		} else {
+			assert.Equal(t, ts[1].Address, got.Address, "least work lately")
+		}
+	}
+}

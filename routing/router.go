@@ -1336,7 +1336,8 @@ func (r *Router) firstTurn(v *poolView, req *extract.Request, pr *prompt) (int, 
 // targets within one block of the lowest wait, those within one block of the least
 // recent work are kept (Load.Recent), and the cursor rotates over them: a prompt
 // nobody caches yet, a new application's, goes to the target with the least work
-// lately rather than to the next in turn.
+// lately rather than to the next in turn. Once a slot count has been seen
+// (slotsSeen), those with the fewest requests in flight are kept instead (spreadLoad).
 //
 // While a target is out of running slots (poolView.outOfSlots), the engines of the pool
 // are taken to run as many as the busiest such target does, and a target with that
@@ -1376,20 +1377,35 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 	}
 	block := int64(r.cfg.Prefix.BlockTokens)
 	out := v.pool.soonBuf[:0]
-	leastRecent := int64(math.MaxInt64)
+	least, within := int64(math.MaxInt64), block
+	if v.slotsSeen > 0 {
+		within = 0
+	}
 	for _, i := range cands {
 		if wait[i] <= low+block {
 			out = append(out, i)
-			leastRecent = min(leastRecent, v.loads[i].Recent)
+			least = min(least, v.spreadLoad(i))
 		}
 	}
 	kept := out[:0]
 	for _, i := range out {
-		if v.loads[i].Recent <= leastRecent+block {
+		if v.spreadLoad(i) <= least+within {
 			kept = append(kept, i)
 		}
 	}
 	return kept
+}
+
+// spreadLoad is the load a round-robin first turn spreads over the targets where its
+// first token would come soonest: the target's recent prefill work (Load.Recent), or,
+// once a slot count has been seen (slotsSeen), its requests in flight. The engines'
+// running slots then bind: each of the conversation's later turns takes one while it
+// decodes, and the target with the fewest in flight is the furthest from its count.
+func (v *poolView) spreadLoad(i int) int64 {
+	if v.slotsSeen > 0 {
+		return v.loads[i].Requests
+	}
+	return v.loads[i].Recent
 }
 
 // fallback decides without shared state: rendezvous hashing for an explicit
