@@ -286,19 +286,22 @@ func TestAFirstTurnSpreadsRequestsInFlightOnceSlotsBind(t *testing.T) {
 		for _, id := range held {
 			h.endStream(id)
 		}
-		rank0 := others[:0:0]
+		// others alternate between ranks 0 and 2: five of rank 0's fifteen end.
+		var left []uint32
+		ended := 0
 		for i, id := range others {
-			if i%2 == 0 && len(rank0) < 5 {
-				h.endStream(id) // five of rank 0's fifteen end
+			if i%2 == 0 && ended < 5 {
+				h.endStream(id)
+				ended++
 				continue
 			}
-			rank0 = append(rank0, id)
+			left = append(left, id)
 		}
 		h.advance(100)
 		_, rank, decision := h.route(post("/v1/chat/completions", chat(prose(rng, 800)), [2]string{"x-session-id", "s"}))
 		assert.Equal(t, "new-conversation", decision)
 		assert.Equal(t, "1", rank)
-		for _, id := range rank0 {
+		for _, id := range left {
 			h.endStream(id)
 		}
 	})

@@ -4,6 +4,7 @@ import (
 	"math/rand"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -111,7 +112,7 @@ func slotsCase(t *testing.T, running, waiting [3]int, afterMS int64) (targets []
 	return targets, d.Target
 }
 
-// A first turn and targets out of running slots (Load.OutOfSlots). got: the target
+// A first turn and targets out of running slots (poolView.outOfSlots). got: the target
 // it should take, by its index in slotsCase's order (the holder first), or -1 for
 // any but the holder.
 func TestFirstTurnAndRunningSlots(t *testing.T) {
@@ -431,8 +432,10 @@ func TestFirstTurnSpreadsRequestsInFlightOnceSlotsBind(t *testing.T) {
 		rng := rand.New(rand.NewSource(3))
 		ts := r.DecodeTargets()
 		// Recent prefill work (uncached tokens sent, done) and requests in flight:
-		// ts[0] worked most and has fewest in flight, ts[1] the reverse.
-		for j, load := range []struct{ work, inFlight int }{{10000, 2}, {0, 10}, {5000, 12}} {
+		// ts[0] has worked least, ts[2] has fewest in flight, and the three are
+		// within one block of each other in flight, so only an exact count tells
+		// ts[2] from the cursor's first pick.
+		for j, load := range []struct{ work, inFlight int }{{0, 4}, {5000, 5}, {10000, 3}} {
 			for k := 0; k < load.work/1000; k++ {
 				tk, err := r.decode.ledger.AcquireQueued(ts[j].ID, 1000, 1000, clock.ms, clock.ms)
 				require.NoError(t, err)
@@ -446,14 +449,69 @@ func TestFirstTurnSpreadsRequestsInFlightOnceSlotsBind(t *testing.T) {
 		}
 		if seen {
 			// Seen full at 16 a while ago: no target is at that count now.
-			require.NoError(t, r.decode.ledger.SeenFull(ts[2].ID, 16, clock.ms-60000))
+			require.NoError(t, r.decode.ledger.SeenFull(ts[1].ID, 16, clock.ms-60000))
 		}
 		clock.ms += 1000
 		got := newConversation(t, r, words(rng, 400), 1, 1).Target
 		if seen {
-			assert.Equal(t, ts[0].Address, got.Address, "fewest in flight")
+			assert.Equal(t, ts[2].Address, got.Address, "fewest in flight")
 		} else {
-			assert.Equal(t, ts[1].Address, got.Address, "least work lately")
+			assert.Equal(t, ts[0].Address, got.Address, "least work lately")
 		}
 	}
+}
+
+// A request confined to one rank judges that rank out of slots against the whole pool,
+// as any other request would: rank 1 runs sixteen with two late, and is seen full only
+// while rank 0 runs no more.
+func TestARankIsSeenFullAgainstTheWholePool(t *testing.T) {
+	for _, tc := range []struct {
+		rank0 int
+		full  bool
+	}{{20, false}, {15, true}} {
+		clock := &fakeClock{ms: 1e6}
+		cfg, err := config.ParseConfig([]byte(`{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}}`))
+		require.NoError(t, err)
+		r := NewRouter(&cfg, state.NewMemoryStore(), clock.now)
+		ts := r.DecodeTargets()
+		byRank := map[int]Target{}
+		for _, tg := range ts {
+			byRank[tg.Rank] = tg
+		}
+		// A prefill seen done on rank 1, so that its rate is known.
+		tk, err := r.decode.ledger.AcquireQueued(byRank[1].ID, 1000, 1000, clock.ms, clock.ms)
+		require.NoError(t, err)
+		require.NoError(t, r.decode.ledger.FirstChunk(&tk, clock.ms+100))
+		require.NoError(t, r.decode.ledger.Release(tk, clock.now))
+		for k := 0; k < tc.rank0; k++ {
+			_, err := r.decode.ledger.Acquire(byRank[0].ID, 100, clock.ms)
+			require.NoError(t, err)
+		}
+		for k := 0; k < 18; k++ {
+			prefill := int64(0)
+			if k >= 16 {
+				prefill = 50
+			}
+			_, err := r.decode.ledger.AcquireQueued(byRank[1].ID, 100, prefill, clock.ms, clock.ms)
+			require.NoError(t, err)
+		}
+		clock.ms += 1000
+		r.Decide(textRequest("a prompt for rank one", 1), 1)
+		require.NoError(t, r.FlushLoad())
+		loads, err := r.Loads()
+		require.NoError(t, err)
+		for i, tg := range ts {
+			if tg.Rank == 1 {
+				assert.Equal(t, tc.full, loads[i].FullAt != 0, "rank 0 runs %d", tc.rank0)
+			}
+		}
+	}
+}
+
+func TestAtTheSlotCount(t *testing.T) {
+	v := &poolView{slotsSeen: 16, loads: []Load{{Requests: 16}, {Requests: 15}}}
+	assert.True(t, v.atSlots(0), "as many in flight as seen full")
+	assert.False(t, v.atSlots(1), "one fewer")
+	v.slotsSeen = 0
+	assert.False(t, v.atSlots(0), "no count seen")
 }

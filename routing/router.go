@@ -177,7 +177,7 @@ type poolView struct {
 	nowMS int64
 	// slotsNow and slotsSeen are runningSlots' counts, slotWaitTokens slotWait at
 	// slotsSeen (0 with none seen), mostRunning the most requests past their first
-	// chunk on an eligible target (set by runningSlots, for outOfSlots).
+	// chunk on a target of the pool (set by runningSlots, for outOfSlots).
 	slotsNow, slotsSeen, mostRunning int64
 	slotWaitTokens                   float64
 	// copyTokens is the tokens of the request's prefix when its demand needs another
@@ -289,6 +289,12 @@ func (v *poolView) slotCharge(i int) int64 {
 		return 0
 	}
 	return v.slotChargeOver(i)
+}
+
+// atSlots reports whether target i has as many requests in flight as the slot count
+// seen, or more: a request sent there waits for a slot (slotCharge).
+func (v *poolView) atSlots(i int) bool {
+	return v.slotsSeen > 0 && v.loads[i].Requests >= v.slotsSeen
 }
 
 // slotChargeOver is slotCharge with a slot count seen, out of line so that the common
@@ -431,7 +437,7 @@ const slotsMemoryMS = 10 * 60 * 1000
 func (v *poolView) runningSlots() (slots, seen int64) {
 	ts := v.pool.targets.Targets
 	most := int64(0)
-	for _, i := range v.eligible {
+	for i := range v.loads {
 		most = max(most, v.loads[i].Requests-v.loads[i].Prefills)
 	}
 	v.mostRunning = most
@@ -451,12 +457,13 @@ func (v *poolView) runningSlots() (slots, seen int64) {
 	return slots, max(seen, slots)
 }
 
-// outOfSlots is Load.OutOfSlots for eligible target i, and no eligible target runs
-// more requests past their first chunk (mostRunning, set by runningSlots). Engines of
-// one pool are alike: one that runs fewer than another is not at its slot count, and
-// its late requests are prompts that took longer than its rate says. Taken for a
-// sighting, such a count would charge every target running as many the wait for a
-// slot that is free.
+// outOfSlots is Load.OutOfSlots for target i, and no target of the pool runs more
+// requests past their first chunk (mostRunning, set by runningSlots; eligible or not,
+// so that a request confined to one rank judges it as any other would). Engines of one
+// pool are alike: one that runs fewer than another is not at its slot count, and its
+// late requests are prompts that took longer than its rate says. Taken for a sighting,
+// such a count would charge every target running as many the wait for a slot that is
+// free.
 func (v *poolView) outOfSlots(i int) bool {
 	l := &v.loads[i]
 	return l.Requests-l.Prefills >= v.mostRunning && l.OutOfSlots(v.ahead[i])
@@ -1149,14 +1156,14 @@ const (
 // queueFits reports whether the prefill queued on target i is no more than what the
 // request's cache there is worth (ownWeight × its cached tokens): then waiting there
 // costs less than computing the whole prompt on an idle target, and affinity needs no
-// weighing. Never at the slot count seen (slotCharge): the test takes leaving to
+// weighing. Never at the slot count seen (atSlots): the test takes leaving to
 // compute all the target caches again, which overstates it when others hold much of
 // it (a shared system prompt). A queued prefill drains within a prefill's time, so
 // that costs little; a wait for a slot is a share of whole requests' stays and grows
 // with each request kept there, so there the cost decides, which counts what each
 // other target holds.
 func (r *Router) queueFits(v *poolView, req *extract.Request, pr *prompt, i int) bool {
-	if v.slotCharge(i) > 0 {
+	if v.atSlots(i) {
 		return false
 	}
 	return r.waitFits(v, req, pr, i, v.ahead[i])
@@ -1231,8 +1238,7 @@ func (r *Router) placeConversation(v *poolView, req *extract.Request, pr *prompt
 	if found {
 		if i := v.position(mapped); i >= 0 {
 			// The wait there: the prefill queued, and for a running slot.
-			slot := v.slotCharge(i)
-			wait := v.ahead[i] + slot
+			wait := v.ahead[i] + v.slotCharge(i)
 			if !v.atCap(i) && (wait == 0 || len(pr.hashed.Checkpoints) == 0) {
 				// Without a prompt to look up, nothing says the wait costs more
 				// than the history cached there.
@@ -1244,7 +1250,7 @@ func (r *Router) placeConversation(v *poolView, req *extract.Request, pr *prompt
 			// count, the cost decides (queueFits says why).
 			if len(pr.hashed.Checkpoints) > 0 {
 				r.lookup(v, pr)
-				if slot == 0 && r.waitFits(v, req, pr, i, wait+v.overCap(i)) {
+				if !v.atSlots(i) && r.waitFits(v, req, pr, i, wait+v.overCap(i)) {
 					return i, KindSticky, nil
 				}
 			}
@@ -1340,10 +1346,10 @@ func (r *Router) firstTurn(v *poolView, req *extract.Request, pr *prompt) (int, 
 // (slotsSeen), those with the fewest requests in flight are kept instead (spreadLoad).
 //
 // While a target is out of running slots (poolView.outOfSlots), the engines of the pool
-// are taken to run as many as the busiest such target does, and a target with that
-// many requests in flight is left out (it is full, or this turn would fill it), as is
-// every target out of slots, while some other is not: the turn would wait there for a
-// request to end, whatever it caches, and so would the conversation's later turns.
+// are taken to run as many as it does, and a target with that many requests in flight
+// is left out (it is full, or this turn would fill it; one out of slots has more),
+// while some other is not: the turn would wait there for a request to end, whatever
+// it caches, and so would the conversation's later turns.
 //
 // A target at the slot count seen (poolView.slotCharge) is charged the wait for a
 // slot, as in the cost, rather than left out: a long prompt cached there may still
@@ -1354,7 +1360,7 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 	if slots > 0 {
 		cands = v.pool.candBuf[:0]
 		for _, i := range v.eligible {
-			if v.loads[i].Requests < slots && !v.outOfSlots(i) {
+			if v.loads[i].Requests < slots {
 				cands = append(cands, i)
 			}
 		}
