@@ -221,10 +221,17 @@ func (l *Load) OutOfSlots(ahead int64) bool {
 // SlotsSeen is FullRunning while the sighting is within slotsMemoryMS of nowMS, else
 // 0. One further ahead is no reading of this host's clock (a torn or foreign value).
 func (l *Load) SlotsSeen(nowMS int64) int64 {
-	if age := nowMS - l.FullAt; l.FullAt > 0 && age < slotsMemoryMS && age > -slotsMemoryMS {
+	if sightingLive(l.FullAt, nowMS) {
 		return l.FullRunning
 	}
 	return 0
+}
+
+// sightingLive reports whether a sighting out of running slots at atMS (0: none)
+// still counts at nowMS: within slotsMemoryMS of it either way.
+func sightingLive(atMS, nowMS int64) bool {
+	age := nowMS - atMS
+	return atMS > 0 && age < slotsMemoryMS && age > -slotsMemoryMS
 }
 
 // stallFactor is how many times its expected time a queued prefill may take before
@@ -344,7 +351,7 @@ func decodeLedger(v []byte, oldest, nowMS int64) []ledgerEntry {
 			recent: int64(binary.LittleEndian.Uint64(v[40:])), recentSent: int64(binary.LittleEndian.Uint32(v[48:])),
 			recentEpoch: int64(binary.LittleEndian.Uint32(v[52:])), cache: int64(binary.LittleEndian.Uint64(v[56:])),
 			fullRunning: int64(binary.LittleEndian.Uint32(v[64:])), fullAt: int64(binary.LittleEndian.Uint64(v[68:]))}
-		if e.fullAt <= nowMS-slotsMemoryMS || e.fullAt >= nowMS+slotsMemoryMS {
+		if !sightingLive(e.fullAt, nowMS) {
 			e.fullRunning, e.fullAt = 0, 0
 		}
 		n := int(v[76])
