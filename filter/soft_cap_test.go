@@ -306,3 +306,45 @@ func TestAFirstTurnSpreadsRequestsInFlightOnceSlotsBind(t *testing.T) {
 		}
 	})
 }
+
+func TestALateTargetRunningFewerThanAnotherIsNotFull(t *testing.T) {
+	// As in TestTheRunningSlotsSeen, rank 1 runs sixteen with two late and caches a
+	// prompt no other rank does. With rank 0 running seventeen, rank 1 is not at its
+	// slot count (the engines of a pool are alike): its late requests are prefill, and
+	// a new conversation on the prompt takes rank 1. Without them rank 1 is full.
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	for _, busier := range []bool{true, false} {
+		t.Run(fmt.Sprint("rank 0 runs more ", busier), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(37))
+				rank1 := [2]string{"x-data-parallel-rank", "1"}
+				system := prose(rng, 16000)
+				id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 800)), rank1))
+				h.stream(id)
+				h.advance(100)
+				h.firstChunk(id)
+				h.endStream(id)
+				held, others := fillRank1(h, rng)
+				if busier {
+					for i := 0; i < 2; i++ {
+						id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), [2]string{"x-data-parallel-rank", "0"}))
+						h.stream(id)
+						h.firstChunk(id)
+						others = append(others, id)
+					}
+				}
+				_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", "s"}))
+				assert.Equal(t, "new-conversation", decision)
+				if busier {
+					assert.Equal(t, "1", rank, "late while another runs more")
+				} else {
+					assert.NotEqual(t, "1", rank, "full")
+				}
+				for _, id := range append(held, others...) {
+					h.endStream(id)
+				}
+			})
+		})
+	}
+}
