@@ -119,7 +119,9 @@ func TestFirstTurnLeavesATargetOutOfRunningSlots(t *testing.T) {
 	// prefill is a few tokens. Two of them wait for a running slot: a new conversation
 	// that shares the prompt goes elsewhere. One alone may be a slow prompt, and
 	// without the sixteen the replies may just not be streamed: the cached prompt keeps
-	// the turn.
+	// the turn. Ranks 0 and 2 were sent as many requests lately, so rank 1 carries no
+	// more than its share (a holder over its share running sixteen loses new
+	// conversations anyway: TestFirstTurnsLeaveAHolderOverItsShareAtTheSlots).
 	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
 	for _, tc := range []struct {
 		running, waiting int
@@ -136,6 +138,14 @@ func TestFirstTurnLeavesATargetOutOfRunningSlots(t *testing.T) {
 				h.advance(100)
 				h.firstChunk(id)
 				h.endStream(id)
+				for _, r := range []string{"0", "2"} {
+					for i := 0; i < tc.running+tc.waiting; i++ {
+						id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), [2]string{"x-data-parallel-rank", r}))
+						h.stream(id)
+						h.firstChunk(id)
+						h.endStream(id)
+					}
+				}
 				var held []uint32
 				for i := 0; i < tc.running+tc.waiting; i++ {
 					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), rank1))
@@ -342,6 +352,55 @@ func TestALateTargetRunningFewerThanAnotherIsNotFull(t *testing.T) {
 					assert.NotEqual(t, "1", rank, "full")
 				}
 				for _, id := range append(held, others...) {
+					h.endStream(id)
+				}
+			})
+		})
+	}
+}
+
+func TestFirstTurnsLeaveAHolderOverItsShareAtTheSlots(t *testing.T) {
+	// Rank 1 computed a long system prompt and runs n requests past their first chunk;
+	// ranks 0 and 2 were sent one each. A new conversation on the prompt stays on rank
+	// 1 while it runs fifteen, and computes the prompt again on another rank at
+	// sixteen, as many as an engine is taken to have running slots: rank 1 carries
+	// more than its share of the pool's requests, and its conversations' later turns
+	// would wait there for slots.
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	for _, running := range []int{15, 16} {
+		t.Run(fmt.Sprint("running ", running), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(43))
+				onRank := func(r string) [2]string { return [2]string{"x-data-parallel-rank", r} }
+				system := prose(rng, 16000)
+				id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 800)), onRank("1")))
+				h.stream(id)
+				h.advance(100)
+				h.firstChunk(id)
+				h.endStream(id)
+				for _, r := range []string{"0", "2"} {
+					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank(r)))
+					h.stream(id)
+					h.firstChunk(id)
+					h.endStream(id)
+				}
+				var held []uint32
+				for i := 0; i < running; i++ {
+					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank("1")))
+					h.stream(id)
+					h.firstChunk(id)
+					held = append(held, id)
+				}
+				h.advance(1000)
+				_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", "s"}))
+				assert.Equal(t, "new-conversation", decision)
+				if running < 16 {
+					assert.Equal(t, "1", rank, "the holder keeps it")
+				} else {
+					assert.NotEqual(t, "1", rank, "computed again elsewhere")
+				}
+				for _, id := range held {
 					h.endStream(id)
 				}
 			})

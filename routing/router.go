@@ -1354,6 +1354,10 @@ func (r *Router) firstTurn(v *poolView, req *extract.Request, pr *prompt) (int, 
 // A target at the slot count seen (poolView.slotCharge) is charged the wait for a
 // slot, as in the cost, rather than left out: a long prompt cached there may still
 // cost more to compute again than the wait.
+//
+// While the holders of the turn's deepest match carry more than their share of the
+// pool's requests, at a load that costs there (holdersOverShare), every candidate is
+// weighed as holding it: the copy is paid once, by this turn.
 func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 	slots := v.slotsNow
 	cands := v.eligible
@@ -1370,6 +1374,13 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 	}
 	r.lookup(v, pr)
 	matched := r.matchedTokens(v, req, pr, cands)
+	if matched != nil {
+		if deepest := r.holdersOverShare(v, cands, matched); deepest > 0 {
+			for _, i := range cands {
+				matched[i] = deepest
+			}
+		}
+	}
 	wait := v.pool.waitBuf
 	low := int64(math.MaxInt64)
 	for _, i := range cands {
@@ -1400,6 +1411,52 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 		}
 	}
 	return kept
+}
+
+// holdersOverShare returns the tokens of the deepest match among cands when its first
+// turns should spread past the targets that hold it (0 otherwise): those holders carry
+// more of the requests the pool was sent lately than their share would be with one
+// more holder, and that load costs there. It costs once they run, on average, as many
+// requests as an engine has running slots (the count seen, else slotsFullRunning, the
+// fewest an engine is taken to have), or have lately written half the prefix cache
+// stated or reported for them (cacheLimit; a size learned from first chunks can be far
+// too small early on): their conversations' later turns then wait for slots, or come
+// back to histories evicted. A first turn commits its conversation's later turns to its
+// target, so holders that keep a long prompt's first turns by the wait of each keep
+// more than their share of the conversations; one copy elsewhere is paid once. At most
+// maxCopies holders are made this way, as demand makes them: a full index entry
+// counts the prefix as held by every target.
+func (r *Router) holdersOverShare(v *poolView, cands, matched []int) int {
+	deepest := 0
+	for _, i := range cands {
+		deepest = max(deepest, matched[i])
+	}
+	if deepest == 0 {
+		return 0
+	}
+	var holders, sent, running, written, cache int64
+	for _, i := range cands {
+		if matched[i] == deepest {
+			l := &v.loads[i]
+			holders++
+			sent += l.RecentSent
+			running += l.Requests
+			written += l.Recent
+			cache += r.cacheLimit(v.pool, v.pool.targets.Targets[i].ID)
+		}
+	}
+	if holders == int64(len(cands)) || holders >= int64(maxCopies(len(v.eligible))) ||
+		sent*int64(len(v.eligible)) < v.total.RecentSent*(holders+1) {
+		return 0
+	}
+	slots := v.slotsSeen
+	if slots <= 0 {
+		slots = slotsFullRunning
+	}
+	if running >= slots*holders || cache > 0 && 2*written >= cache {
+		return deepest
+	}
+	return 0
 }
 
 // spreadLoad is the load a round-robin first turn spreads over the targets where its

@@ -1,0 +1,117 @@
+package routing
+
+import (
+	"fmt"
+	"math/rand"
+	"testing"
+
+	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/prefix"
+	"github.com/kvroute/kvroute/routing/state"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// shareCase is a pool of endpoints × dp targets whose first holders targets hold a
+// system prompt of about 2000 tokens. Each holder first computes written tokens (sent,
+// done), then records the prompt and is sent running requests, still in flight; every
+// other target is sent busy requests, done. It returns the targets and where a new
+// conversation on the prompt goes.
+func shareCase(t *testing.T, endpoints, dp, holders, running, busy int, written int64, extra string) (ts []Target, got Target) {
+	t.Helper()
+	js := `{"pools":{"decode":{"endpoints":[`
+	for e := 0; e < endpoints; e++ {
+		if e > 0 {
+			js += ","
+		}
+		js += fmt.Sprintf(`{"address":"10.0.0.%d:8000","dp_size":%d}`, e+1, dp)
+	}
+	cfg, err := config.ParseConfig([]byte(js + `]}}` + extra + `}`))
+	require.NoError(t, err)
+	clock := &fakeClock{ms: 1e6}
+	r := NewRouter(&cfg, state.NewMemoryStore(), clock.now)
+	rng := rand.New(rand.NewSource(41))
+	system := words(rng, 8000)
+	q := textRequest(system+words(rng, 400), 1)
+	cps, _ := prefix.HashCheckpoints(q.Model, q.Prompt, q.BlockBytes, nil)
+	ts = r.DecodeTargets()
+	l := r.decode.ledger
+	for j, tg := range ts {
+		if j < holders {
+			if written > 0 {
+				tk, err := l.AcquireQueued(tg.ID, written, written, clock.ms, clock.ms)
+				require.NoError(t, err)
+				require.NoError(t, l.FirstChunk(&tk, clock.ms+100))
+				require.NoError(t, l.Release(tk, clock.now))
+			}
+			r.decode.index.Record(cps, tg.ID, uint32(written/int64(cfg.Prefix.BlockTokens)), 0)
+			for k := 0; k < running; k++ {
+				_, err := l.Acquire(tg.ID, 100, clock.ms)
+				require.NoError(t, err)
+			}
+			continue
+		}
+		for k := 0; k < busy; k++ {
+			tk, err := l.Acquire(tg.ID, 100, clock.ms)
+			require.NoError(t, err)
+			require.NoError(t, l.Release(tk, clock.now))
+		}
+	}
+	clock.ms += 1000
+	return ts, newConversation(t, r, system+words(rng, 400), 2, 7).Target
+}
+
+// heldBy reports whether got is one of the first holders targets.
+func heldBy(ts []Target, holders int, got Target) bool {
+	for _, tg := range ts[:holders] {
+		if tg.ID == got.ID {
+			return true
+		}
+	}
+	return false
+}
+
+// A holder that carries most of the pool's requests keeps a long prompt's first turns
+// until it runs as many as an engine has running slots (16, with none seen); then the
+// prompt is computed again elsewhere, on a target that has worked less lately.
+func TestFirstTurnsLeaveHoldersOverTheirShareAtTheSlots(t *testing.T) {
+	for _, tc := range []struct {
+		running int
+		held    bool
+	}{{15, true}, {16, false}} {
+		ts, got := shareCase(t, 3, 1, 1, tc.running, 1, 1000, "")
+		assert.Equal(t, tc.held, heldBy(ts, 1, got), "running %d", tc.running)
+	}
+}
+
+// Running sixteen is not enough while the holder carries no more than its share: the
+// other targets were sent as many requests lately.
+func TestFirstTurnsStayWithHoldersAtTheirShare(t *testing.T) {
+	ts, got := shareCase(t, 3, 1, 1, 16, 16, 1000, "")
+	assert.True(t, heldBy(ts, 1, got))
+}
+
+// A holder over its share that has lately written half its prefix cache loses the
+// first turns, however few requests it runs: its conversations' histories would be
+// evicted before their next turns.
+func TestFirstTurnsLeaveHoldersThatTurnTheirCacheOver(t *testing.T) {
+	for _, tc := range []struct {
+		cache int
+		held  bool
+	}{{6016, true}, {6000, false}} {
+		ts, got := shareCase(t, 3, 1, 1, 4, 1, 3000, fmt.Sprintf(`,"prefix":{"target_cache_tokens":%d}`, tc.cache))
+		assert.Equal(t, tc.held, heldBy(ts, 1, got), "cache %d", tc.cache)
+	}
+}
+
+// In a pool of more than eight targets the holders are not made more than three this
+// way: a fourth would fill the index entry, which counts the prompt as held everywhere.
+func TestFirstTurnsMakeNoMoreHoldersThanCopiesByDemand(t *testing.T) {
+	for _, tc := range []struct {
+		holders int
+		held    bool
+	}{{2, false}, {3, true}} {
+		ts, got := shareCase(t, 5, 2, tc.holders, 16, 1, 1000, "")
+		assert.Equal(t, tc.held, heldBy(ts, tc.holders, got), "%d holders", tc.holders)
+	}
+}
