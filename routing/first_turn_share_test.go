@@ -12,11 +12,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// shareCase is a pool of endpoints × dp targets whose first holders targets hold a
-// system prompt of about 2000 tokens. Each holder first computes written tokens (sent,
-// done), then records the prompt and is sent running requests, still in flight; every
-// other target is sent busy requests, done. It returns the targets and where a new
-// conversation on the prompt goes.
+// shareCase is a pool of endpoints × dp targets of which the first holders hold a
+// system prompt of about 2000 tokens. Each holder first computes written tokens (one
+// request, sent and done), then records the prompt and is sent running requests, still
+// in flight; every other target is sent busy requests, done. It returns the targets
+// and where a new conversation on the prompt goes.
 func shareCase(t *testing.T, endpoints, dp, holders, running, busy int, written int64, extra string) (ts []Target, got Target) {
 	t.Helper()
 	js := `{"pools":{"decode":{"endpoints":[`
@@ -84,11 +84,18 @@ func TestFirstTurnsLeaveHoldersOverTheirShareAtTheSlots(t *testing.T) {
 	}
 }
 
-// Running sixteen is not enough while the holder carries no more than its share: the
-// other targets were sent as many requests lately.
+// Running sixteen or more is not enough while the holder carries no more than its
+// share with one more holder: two of the three targets' share of the requests sent
+// lately. The holder was sent 20; the others 16 each, or 5 (exactly two thirds of 30),
+// or 4.
 func TestFirstTurnsStayWithHoldersAtTheirShare(t *testing.T) {
-	ts, got := shareCase(t, 3, 1, 1, 16, 16, 1000, "")
-	assert.True(t, heldBy(ts, 1, got))
+	for _, tc := range []struct {
+		running, busy int
+		held          bool
+	}{{16, 16, true}, {19, 5, true}, {19, 4, false}} {
+		ts, got := shareCase(t, 3, 1, 1, tc.running, tc.busy, 1000, "")
+		assert.Equal(t, tc.held, heldBy(ts, 1, got), "others sent %d each", tc.busy)
+	}
 }
 
 // A holder over its share that has lately written half its prefix cache loses the

@@ -1375,7 +1375,7 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 	r.lookup(v, pr)
 	matched := r.matchedTokens(v, req, pr, cands)
 	if matched != nil {
-		if deepest := r.holdersOverShare(v, cands, matched); deepest > 0 {
+		if deepest := r.holdersOverShare(v, req, pr, cands, matched); deepest > 0 {
 			for _, i := range cands {
 				matched[i] = deepest
 			}
@@ -1413,47 +1413,50 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 	return kept
 }
 
-// holdersOverShare returns the tokens of the deepest match among cands when its first
-// turns should spread past the targets that hold it (0 otherwise): those holders carry
-// more of the requests the pool was sent lately than their share would be with one
-// more holder, and that load costs there. It costs once they run, on average, as many
-// requests as an engine has running slots (the count seen, else slotsFullRunning, the
-// fewest an engine is taken to have), or have lately written half the prefix cache
-// stated or reported for them (cacheLimit; a size learned from first chunks can be far
-// too small early on): their conversations' later turns then wait for slots, or come
-// back to histories evicted. A first turn commits its conversation's later turns to its
-// target, so holders that keep a long prompt's first turns by the wait of each keep
-// more than their share of the conversations; one copy elsewhere is paid once. At most
-// maxCopies holders are made this way, as demand makes them: a full index entry
-// counts the prefix as held by every target.
-func (r *Router) holdersOverShare(v *poolView, cands, matched []int) int {
-	deepest := 0
+// holdersOverShare returns the tokens of the deepest match among cands when every
+// candidate should be weighed as holding it (0 otherwise). A first turn commits its
+// conversation's later turns to its target, and by its own wait it always keeps a long
+// prompt on its holders: so while they carry more of the pool's recent requests than
+// their share would be with one more holder, and that load costs there (they run as
+// many as an engine has running slots, or turn over half the prefix cache stated for
+// them, evicting their conversations' histories), a copy elsewhere is worth its one
+// prefill. The holders are counted over every eligible target, the slot filter's too.
+// A size learned from first chunks is not used: early on it can be far too small.
+func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt, cands, matched []int) int {
+	deepest, lacking := 0, false
 	for _, i := range cands {
 		deepest = max(deepest, matched[i])
 	}
-	if deepest == 0 {
+	for _, i := range cands {
+		lacking = lacking || matched[i] < deepest
+	}
+	if deepest == 0 || !lacking || v.total.RecentSent <= 0 {
 		return 0
 	}
-	var holders, sent, running, written, cache int64
-	for _, i := range cands {
-		if matched[i] == deepest {
-			l := &v.loads[i]
-			holders++
-			sent += l.RecentSent
-			running += l.Requests
-			written += l.Recent
-			cache += r.cacheLimit(v.pool, v.pool.targets.Targets[i].ID)
+	bt := r.cfg.Prefix.BlockTokens
+	var holders, sent, running, recentWork, cache int64
+	for _, i := range v.eligible {
+		if min(pr.matched[i]*bt, req.Tokens) < deepest {
+			continue
+		}
+		l := &v.loads[i]
+		holders++
+		sent += l.RecentSent
+		running += l.Requests
+		if size := r.cacheLimit(v.pool, v.pool.targets.Targets[i].ID); size > 0 {
+			recentWork += l.Recent
+			cache += size
 		}
 	}
-	if holders == int64(len(cands)) || holders >= int64(maxCopies(len(v.eligible))) ||
-		sent*int64(len(v.eligible)) < v.total.RecentSent*(holders+1) {
+	if holders >= int64(maxCopies(len(v.eligible))) ||
+		sent*int64(len(v.eligible)) <= v.total.RecentSent*(holders+1) {
 		return 0
 	}
 	slots := v.slotsSeen
 	if slots <= 0 {
-		slots = slotsFullRunning
+		slots = slotsFullRunning // the fewest an engine is taken to have
 	}
-	if running >= slots*holders || cache > 0 && 2*written >= cache {
+	if running >= slots*holders || cache > 0 && 2*recentWork >= cache {
 		return deepest
 	}
 	return 0
