@@ -407,3 +407,47 @@ func TestFirstTurnsLeaveAHolderOverItsShareAtTheSlots(t *testing.T) {
 		})
 	}
 }
+
+func TestFirstTurnsLeaveAHolderThatTurnsItsCacheOver(t *testing.T) {
+	// As above, but rank 1 runs four: few for its running slots. It has written about
+	// 4 300 tokens lately; with a stated cache of 8 192 tokens that is half of it, and
+	// its conversations' histories would be evicted before their next turns, so a new
+	// conversation computes the prompt on another rank. With 16 384 it stays.
+	for _, cache := range []int{8192, 16384} {
+		t.Run(fmt.Sprint("cache ", cache), func(t *testing.T) {
+			cfg := fmt.Sprintf(`{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":%d},`+
+				`"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`, cache)
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(47))
+				onRank := func(r string) [2]string { return [2]string{"x-data-parallel-rank", r} }
+				system := prose(rng, 16000)
+				id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 800)), onRank("1")))
+				h.stream(id)
+				h.advance(100)
+				h.firstChunk(id)
+				h.endStream(id)
+				for _, r := range []string{"0", "2"} {
+					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank(r)))
+					h.stream(id)
+					h.firstChunk(id)
+					h.endStream(id)
+				}
+				var held []uint32
+				for i := 0; i < 4; i++ {
+					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank("1")))
+					h.stream(id)
+					h.firstChunk(id)
+					held = append(held, id)
+				}
+				h.advance(1000)
+				_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", "s"}))
+				assert.Equal(t, "new-conversation", decision)
+				assert.Equal(t, cache > 8192, rank == "1", "rank %s", rank)
+				for _, id := range held {
+					h.endStream(id)
+				}
+			})
+		})
+	}
+}
