@@ -359,94 +359,70 @@ func TestALateTargetRunningFewerThanAnotherIsNotFull(t *testing.T) {
 	}
 }
 
+// holderOnRank1 starts a host of one endpoint with three trusted ranks: rank 1
+// computes a long system prompt and runs running requests past their first chunk,
+// ranks 0 and 2 were sent one each. It returns where a new conversation on the prompt
+// goes, after ending every stream.
+func holderOnRank1(t *testing.T, vm types.VMContext, cfg string, seed int64, running int) (rank string) {
+	h := startHost(t, vm, cfg)
+	rng := rand.New(rand.NewSource(seed))
+	onRank := func(r string) [2]string { return [2]string{"x-data-parallel-rank", r} }
+	system := prose(rng, 16000)
+	id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 800)), onRank("1")))
+	h.stream(id)
+	h.advance(100)
+	h.firstChunk(id)
+	h.endStream(id)
+	for _, r := range []string{"0", "2"} {
+		id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank(r)))
+		h.stream(id)
+		h.firstChunk(id)
+		h.endStream(id)
+	}
+	var held []uint32
+	for i := 0; i < running; i++ {
+		id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank("1")))
+		h.stream(id)
+		h.firstChunk(id)
+		held = append(held, id)
+	}
+	h.advance(1000)
+	_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", "s"}))
+	assert.Equal(t, "new-conversation", decision)
+	for _, id := range held {
+		h.endStream(id)
+	}
+	return rank
+}
+
 func TestFirstTurnsLeaveAHolderOverItsShareAtTheSlots(t *testing.T) {
-	// Rank 1 computed a long system prompt and runs n requests past their first chunk;
-	// ranks 0 and 2 were sent one each. A new conversation on the prompt stays on rank
-	// 1 while it runs fifteen, and computes the prompt again on another rank at
-	// sixteen, as many as an engine is taken to have running slots: rank 1 carries
-	// more than its share of the pool's requests, and its conversations' later turns
-	// would wait there for slots.
+	// A new conversation on rank 1's prompt stays there while rank 1 runs fifteen, and
+	// computes the prompt again on another rank at sixteen, as many as an engine is
+	// taken to have running slots: rank 1 carries more than its share of the pool's
+	// requests, and its conversations' later turns would wait there for slots.
 	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
 	for _, running := range []int{15, 16} {
 		t.Run(fmt.Sprint("running ", running), func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
-				h := startHost(t, vm, cfg)
-				rng := rand.New(rand.NewSource(43))
-				onRank := func(r string) [2]string { return [2]string{"x-data-parallel-rank", r} }
-				system := prose(rng, 16000)
-				id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 800)), onRank("1")))
-				h.stream(id)
-				h.advance(100)
-				h.firstChunk(id)
-				h.endStream(id)
-				for _, r := range []string{"0", "2"} {
-					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank(r)))
-					h.stream(id)
-					h.firstChunk(id)
-					h.endStream(id)
-				}
-				var held []uint32
-				for i := 0; i < running; i++ {
-					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank("1")))
-					h.stream(id)
-					h.firstChunk(id)
-					held = append(held, id)
-				}
-				h.advance(1000)
-				_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", "s"}))
-				assert.Equal(t, "new-conversation", decision)
-				if running < 16 {
-					assert.Equal(t, "1", rank, "the holder keeps it")
-				} else {
-					assert.NotEqual(t, "1", rank, "computed again elsewhere")
-				}
-				for _, id := range held {
-					h.endStream(id)
-				}
+				rank := holderOnRank1(t, vm, cfg, 43, running)
+				assert.Equal(t, running < 16, rank == "1", "rank %s", rank)
 			})
 		})
 	}
 }
 
 func TestFirstTurnsLeaveAHolderThatTurnsItsCacheOver(t *testing.T) {
-	// As above, but rank 1 runs four: few for its running slots. It has written about
-	// 4 300 tokens lately; with a stated cache of 8 192 tokens that is half of it, and
-	// its conversations' histories would be evicted before their next turns, so a new
+	// Rank 1 runs four, few for its running slots, and has written about 4 300 tokens
+	// lately; with a stated cache of 8 192 tokens that is half of it, and its
+	// conversations' histories would be evicted before their next turns, so a new
 	// conversation computes the prompt on another rank. With 16 384 it stays.
 	for _, cache := range []int{8192, 16384} {
 		t.Run(fmt.Sprint("cache ", cache), func(t *testing.T) {
 			cfg := fmt.Sprintf(`{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":%d},`+
 				`"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`, cache)
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
-				h := startHost(t, vm, cfg)
-				rng := rand.New(rand.NewSource(47))
-				onRank := func(r string) [2]string { return [2]string{"x-data-parallel-rank", r} }
-				system := prose(rng, 16000)
-				id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 800)), onRank("1")))
-				h.stream(id)
-				h.advance(100)
-				h.firstChunk(id)
-				h.endStream(id)
-				for _, r := range []string{"0", "2"} {
-					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank(r)))
-					h.stream(id)
-					h.firstChunk(id)
-					h.endStream(id)
-				}
-				var held []uint32
-				for i := 0; i < 4; i++ {
-					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank("1")))
-					h.stream(id)
-					h.firstChunk(id)
-					held = append(held, id)
-				}
-				h.advance(1000)
-				_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", "s"}))
-				assert.Equal(t, "new-conversation", decision)
+				rank := holderOnRank1(t, vm, cfg, 47, 4)
 				assert.Equal(t, cache > 8192, rank == "1", "rank %s", rank)
-				for _, id := range held {
-					h.endStream(id)
-				}
 			})
 		})
 	}
