@@ -176,10 +176,9 @@ type poolView struct {
 	// nowMS is the time of the decision.
 	nowMS int64
 	// slotsNow and slotsSeen are runningSlots' counts, slotWaitTokens slotWait at
-	// slotsSeen (0 with none seen), mostRunning the most requests past their first
-	// chunk on a target of the pool (set by runningSlots, for outOfSlots).
-	slotsNow, slotsSeen, mostRunning int64
-	slotWaitTokens                   float64
+	// slotsSeen (0 with none seen).
+	slotsNow, slotsSeen int64
+	slotWaitTokens      float64
 	// copyTokens is the tokens of the request's prefix when its demand needs another
 	// copy (copiesNeeded), else 0: a target without them counts computing them once.
 	copyTokens int
@@ -266,7 +265,7 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	if rms > 0 {
 		v.rate = float64(rtok) / float64(rms)
 	}
-	v.slotsNow, v.slotsSeen, v.slotWaitTokens, v.mostRunning = 0, 0, 0, 0
+	v.slotsNow, v.slotsSeen, v.slotWaitTokens = 0, 0, 0
 	// Only a target running slotsFullRunning or more can be out of slots now, and
 	// only a kept sighting counts otherwise: the common case spares the loop.
 	if busiest >= slotsFullRunning || sighted {
@@ -440,10 +439,9 @@ func (v *poolView) runningSlots() (slots, seen int64) {
 	for i := range v.loads {
 		most = max(most, v.loads[i].Requests-v.loads[i].Prefills)
 	}
-	v.mostRunning = most
 	for _, i := range v.eligible {
 		l := &v.loads[i]
-		if !v.outOfSlots(i) {
+		if !v.outOfSlots(i, most) {
 			seen = max(seen, l.SlotsSeen(v.nowMS))
 			continue
 		}
@@ -458,15 +456,15 @@ func (v *poolView) runningSlots() (slots, seen int64) {
 }
 
 // outOfSlots is Load.OutOfSlots for target i, and no target of the pool runs more
-// requests past their first chunk (mostRunning, set by runningSlots; eligible or not,
+// requests past their first chunk than it (most: over every target, eligible or not,
 // so that a request confined to one rank judges it as any other would). Engines of one
 // pool are alike: one that runs fewer than another is not at its slot count, and its
 // late requests are prompts that took longer than its rate says. Taken for a sighting,
 // such a count would charge every target running as many the wait for a slot that is
 // free.
-func (v *poolView) outOfSlots(i int) bool {
+func (v *poolView) outOfSlots(i int, most int64) bool {
 	l := &v.loads[i]
-	return l.Requests-l.Prefills >= v.mostRunning && l.OutOfSlots(v.ahead[i])
+	return l.Requests-l.Prefills >= most && l.OutOfSlots(v.ahead[i])
 }
 
 // slotWait estimates how long a request waits for a running slot on a target that runs
@@ -1423,14 +1421,11 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 // prefill. The holders are counted over every eligible target, the slot filter's too.
 // A size learned from first chunks is not used: early on it can be far too small.
 func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt, cands, matched []int) int {
-	deepest, lacking := 0, false
+	deepest, least := 0, math.MaxInt
 	for _, i := range cands {
-		deepest = max(deepest, matched[i])
+		deepest, least = max(deepest, matched[i]), min(least, matched[i])
 	}
-	for _, i := range cands {
-		lacking = lacking || matched[i] < deepest
-	}
-	if deepest == 0 || !lacking || v.total.RecentSent <= 0 {
+	if deepest == 0 || least == deepest || v.total.RecentSent <= 0 {
 		return 0
 	}
 	bt := r.cfg.Prefix.BlockTokens
