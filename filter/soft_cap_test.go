@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math/rand"
+	"strconv"
 	"testing"
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
@@ -426,4 +427,94 @@ func TestFirstTurnsLeaveAHolderThatTurnsItsCacheOver(t *testing.T) {
 			})
 		})
 	}
+}
+
+func TestFirstTurnsMakeNoMoreHoldersThanCopiesByDemand(t *testing.T) {
+	// Ten ranks. Ranks 1 and 2, or 1 to 3, each computed a long system prompt and run
+	// sixteen, over their share and at an engine's running slots; the others were sent
+	// one each. A new conversation on the prompt is computed again on a fresh rank
+	// while two hold it, and not while three do: in a pool of more than eight a
+	// fourth holder would fill the prompt's index entry, which counts it as held by
+	// every rank.
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":10}]}}}`
+	for _, holders := range []int{2, 3} {
+		t.Run(fmt.Sprint(holders, " holders"), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(53))
+				onRank := func(r int) [2]string { return [2]string{"x-data-parallel-rank", fmt.Sprint(r)} }
+				system := prose(rng, 16000)
+				var held []uint32
+				for r := 0; r < 10; r++ {
+					holds := r >= 1 && r <= holders
+					text := prose(rng, 100)
+					if holds {
+						text = system + prose(rng, 800)
+					}
+					id, _ := h.send(post("/v1/chat/completions", chat(text), onRank(r)))
+					h.stream(id)
+					h.advance(10)
+					h.firstChunk(id)
+					h.endStream(id)
+					for i := 0; holds && i < 16; i++ {
+						id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank(r)))
+						h.stream(id)
+						h.firstChunk(id)
+						held = append(held, id)
+					}
+				}
+				h.advance(1000)
+				_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", "s"}))
+				assert.Equal(t, "new-conversation", decision)
+				n, err := strconv.Atoi(rank)
+				require.NoError(t, err)
+				assert.Equal(t, holders == 3, n >= 1 && n <= holders, "rank %s", rank)
+				for _, id := range held {
+					h.endStream(id)
+				}
+			})
+		})
+	}
+}
+
+func TestATurnWhoseHistoryEveryRankHoldsLeavesAtTheSlotCount(t *testing.T) {
+	// A conversation placed on rank 1 whose history is mostly a long system prompt
+	// that every rank has computed. Ranks 0 and 2 were sent 1 000 short requests
+	// lately, so a slot frees often (with many more, a slot's wait would cost less than
+	// leaving, and the turn would stay by the cost too). Rank 1 then runs sixteen with two waiting for a
+	// slot, and is seen full. The wait for two slots is less than computing what rank
+	// 1 caches again, so an outright keep would hold the turn; but elsewhere the turn
+	// computes only its own words, which costs less still, and it leaves (overflow).
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, cfg)
+		rng := rand.New(rand.NewSource(59))
+		system := prose(rng, 16000)
+		for _, r := range []string{"0", "2"} {
+			id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 400)), [2]string{"x-data-parallel-rank", r}))
+			h.stream(id)
+			h.advance(100)
+			h.firstChunk(id)
+			h.endStream(id)
+		}
+		for i := 0; i < 1000; i++ {
+			id, _ := h.send(post("/v1/chat/completions", chat("hi"), [2]string{"x-data-parallel-rank", fmt.Sprint(i % 2 * 2)}))
+			h.stream(id)
+			h.firstChunk(id)
+			h.endStream(id)
+		}
+		history := system + prose(rng, 400)
+		_, rank, _ := h.route(post("/v1/chat/completions", chat(history),
+			[2]string{"x-data-parallel-rank", "1"}, [2]string{"x-session-id", "a"}))
+		require.Equal(t, "1", rank)
+		held, others := fillRank1(h, rng)
+		// A request decided while rank 1 is out of slots records the sighting.
+		h.route(post("/v1/chat/completions", chat(prose(rng, 100))))
+		_, rank, decision := h.route(post("/v1/chat/completions", chat(history+prose(rng, 400)), [2]string{"x-session-id", "a"}))
+		assert.Equal(t, "overflow", decision)
+		assert.NotEqual(t, "1", rank)
+		for _, id := range append(held, others...) {
+			h.endStream(id)
+		}
+	})
 }
