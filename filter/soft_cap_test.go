@@ -480,11 +480,12 @@ func TestFirstTurnsMakeNoMoreHoldersThanCopiesByDemand(t *testing.T) {
 func TestATurnWhoseHistoryEveryRankHoldsLeavesAtTheSlotCount(t *testing.T) {
 	// A conversation placed on rank 1 whose history is mostly a long system prompt
 	// that every rank has computed. Ranks 0 and 2 were sent 1 000 short requests
-	// lately, so a slot frees often (with many more, a slot's wait would cost less than
-	// leaving, and the turn would stay by the cost too). Rank 1 then runs sixteen with two waiting for a
-	// slot, and is seen full. The wait for two slots is less than computing what rank
-	// 1 caches again, so an outright keep would hold the turn; but elsewhere the turn
-	// computes only its own words, which costs less still, and it leaves (overflow).
+	// lately, so a slot frees often (with many more, a slot's wait would cost less
+	// than leaving, and the turn would stay by the cost too). Rank 1 then runs
+	// sixteen with two waiting for a slot, and is seen full. The wait for two slots is
+	// less than computing what rank 1 caches again, so an outright keep would hold
+	// the turn; but elsewhere the turn computes only its own words, which costs less
+	// still, and it leaves (overflow).
 	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startHost(t, vm, cfg)
