@@ -1245,10 +1245,11 @@ func (r *Router) placeConversation(v *poolView, req *extract.Request, pr *prompt
 			// The cap is soft for a turn whose history can be looked up: at or
 			// over it, the target's wait is charged overCap too, and the turn stays
 			// while that wait is no more than its cache there is worth; at the slot
-			// count, the cost decides (queueFits says why).
+			// count (queueFits says why), or with none of the history cached there
+			// that no other target caches (holdsHistory), the cost decides.
 			if len(pr.hashed.Checkpoints) > 0 {
 				r.lookup(v, pr)
-				if !v.atSlots(i) && r.waitFits(v, req, pr, i, wait+v.overCap(i)) {
+				if !v.atSlots(i) && holdsHistory(v, pr, i) && r.waitFits(v, req, pr, i, wait+v.overCap(i)) {
 					return i, KindSticky, nil
 				}
 			}
@@ -1281,11 +1282,28 @@ func (r *Router) scored(v *poolView, req *extract.Request, pr *prompt) int {
 	return r.cheapest(v, cands, req, r.matchedTokens(v, req, pr, cands))
 }
 
+// holdsHistory reports whether a conversation's mapped target home caches more of
+// the looked-up prompt than every other eligible target: some of the conversation's
+// history that no other target has. Otherwise keeping the turn there saves nothing
+// over another target, and home's copy of the history is gone (its cache turned over
+// since the last turn, or an overflow took that turn and its history elsewhere): the
+// copy this turn would write there is likely gone by the next, so leaving is not
+// charged for it either.
+func holdsHistory(v *poolView, pr *prompt, home int) bool {
+	for _, i := range v.eligible {
+		if i != home && pr.matched[i] >= pr.matched[home] {
+			return false
+		}
+	}
+	return true
+}
+
 // scoredFrom weighs a conversation's mapped target home against the candidates.
 // The mapping outlives an overflow, so a turn placed elsewhere leaves its own uncached
 // tokens off home's copy of the history, and the next turn, back on home, computes
-// them again: leaving costs that prefill on top of this one's. Without a prompt to
-// look up nothing is known of the history, and leaving costs nothing more.
+// them again: leaving costs that prefill on top of this one's, while home holds some
+// of the history (holdsHistory). Without a prompt to look up nothing is known of the
+// history, and leaving costs nothing more.
 func (r *Router) scoredFrom(v *poolView, req *extract.Request, pr *prompt, home int) int {
 	cands, capped := v.candidates()
 	if capped {
@@ -1301,7 +1319,7 @@ func (r *Router) scoredFrom(v *poolView, req *extract.Request, pr *prompt, home 
 		m = matched[home]
 	}
 	leave := 0.0
-	if len(pr.hashed.Checkpoints) > 0 {
+	if len(pr.hashed.Checkpoints) > 0 && holdsHistory(v, pr, home) {
 		leave = ownWeight * float64(max(0, req.Tokens-m))
 	}
 	return r.cheapestFrom(v, cands, req, matched, home, 0, leave)
