@@ -57,3 +57,47 @@ func TestATurnWhoseHistoryTurnedOverLeavesAQueueInFilter(t *testing.T) {
 		})
 	}
 }
+
+// TestATurnFollowsItsHistoryToWhereItsLastTurnOverflowedInFilter: a conversation
+// begun on rank 0, its second turn sent elsewhere by 40000 tokens queued there; with
+// that queue ended and 1000 tokens queued on rank 0 again, the third turn goes where
+// the second went, which caches more of it than rank 0 does.
+func TestATurnFollowsItsHistoryToWhereItsLastTurnOverflowedInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":1000000},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, cfg)
+		rng := rand.New(rand.NewSource(32))
+		system := prose(rng, 8000)
+		for _, rank := range []string{"0", "1", "2"} {
+			computeOn(t, h, system+prose(rng, 200), rank, 100)
+		}
+		conv := [2]string{"x-session-id", "c"}
+		turn := func(text string, headers ...[2]string) (rank, decision string) {
+			id, _ := h.send(post("/v1/completions", completionBody(text), append(headers, conv)...))
+			decision, _ = h.header(id, "x-kvroute-decision")
+			rank, _ = h.header(id, "x-data-parallel-rank")
+			h.stream(id)
+			h.advance(100)
+			h.firstChunk(id)
+			h.endStream(id)
+			return rank, decision
+		}
+		first := system + prose(rng, 2000)
+		_, decision := turn(first, [2]string{"x-data-parallel-rank", "0"})
+		require.Equal(t, "new-conversation", decision)
+		long := openOn(t, h, prose(rng, 160000), "0", false)
+		second := first + prose(rng, 4000)
+		moved, decision := turn(second)
+		require.Equal(t, "overflow", decision)
+		require.NotEqual(t, "0", moved)
+		h.firstChunk(long)
+		h.endStream(long)
+		queued := openOn(t, h, prose(rng, 4000), "0", false)
+		rank, decision := turn(second + prose(rng, 400))
+		assert.Equal(t, "overflow", decision)
+		assert.Equal(t, moved, rank)
+		h.firstChunk(queued)
+		h.endStream(queued)
+	})
+}
