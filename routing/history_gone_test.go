@@ -13,9 +13,10 @@ import (
 // historyCase starts three targets with a cache of 20000 tokens each, a 2000-token
 // system prompt computed on every one, and a conversation whose 500-token first turn
 // went to home. Another conversation mapped to home then sends it written tokens of
-// its own, after the system prompt (which stays fresh there), and 1000 tokens are
-// left queued at home. It returns the conversation's second turn.
-func historyCase(t *testing.T, written int) (home Target, d Decision) {
+// its own, after the system prompt (which stays fresh there); a reply of 8000
+// tokens is left decoding at home, and queued tokens queued there. It returns the
+// conversation's second turn.
+func historyCase(t *testing.T, written int, queued int64) (home Target, d Decision) {
 	clock := &fakeClock{ms: 1e6}
 	r := NewRouter(testConfig(t, `,"prefix":{"target_cache_tokens":20000}`), state.NewMemoryStore(), clock.now)
 	rng := rand.New(rand.NewSource(21))
@@ -40,8 +41,12 @@ func historyCase(t *testing.T, written int) (home Target, d Decision) {
 	other := turn("w", system+words(rng, 4*written), 11)
 	require.Equal(t, home.ID, other.Target.ID)
 	done(other)
-	_, err := r.decode.ledger.AcquireQueued(home.ID, 1000, 1000, clock.ms, clock.ms)
+	_, err := r.decode.ledger.Acquire(home.ID, 8000, clock.ms)
 	require.NoError(t, err)
+	if queued > 0 {
+		_, err := r.decode.ledger.AcquireQueued(home.ID, queued, queued, clock.ms, clock.ms)
+		require.NoError(t, err)
+	}
 	return home, turn("c", first+words(rng, 400), 12)
 }
 
@@ -57,7 +62,7 @@ func onEach(t *testing.T, r *Router, send func(i int, conv string)) {
 func TestATurnStaysWhileItsTargetHoldsItsHistory(t *testing.T) {
 	// 10000 tokens written since the first turn, and 1000 queued: its 2500 tokens
 	// still fit the cache, and the queue is worth less than they are there.
-	home, d := historyCase(t, 10000)
+	home, d := historyCase(t, 10000, 1000)
 	assert.Equal(t, KindSticky, d.Kind)
 	assert.Equal(t, home.ID, d.Target.ID)
 }
@@ -67,9 +72,17 @@ func TestATurnWhoseHistoryTurnedOverLeavesAQueue(t *testing.T) {
 	// more than the cache), and home caches only the system
 	// prompt every target holds. Keeping the turn there saves nothing and its copy
 	// would likely go the same way: an idle target wins.
-	home, d := historyCase(t, 18000)
+	home, d := historyCase(t, 18000, 1000)
 	assert.Equal(t, KindOverflow, d.Kind)
 	assert.NotEqual(t, home.ID, d.Target.ID)
+}
+
+func TestATurnWhoseHistoryTurnedOverStaysWithNothingToWaitFor(t *testing.T) {
+	// The same, with nothing queued at home: the turn waits for nothing there, and
+	// stays, though the reply decoding there makes other targets cheaper by the cost.
+	home, d := historyCase(t, 19000, 0)
+	assert.Equal(t, KindSticky, d.Kind)
+	assert.Equal(t, home.ID, d.Target.ID)
 }
 
 func TestATurnFollowsItsHistoryToWhereItsLastTurnOverflowed(t *testing.T) {
