@@ -344,3 +344,27 @@ func TestTargetGaugesShowTheCacheAndRateDecisionsUseInFilter(t *testing.T) {
 		})
 	}
 }
+
+// TestAHistoryGoneBehindARefreshedSystemPromptTeachesTheCacheInFilter: with a cache of
+// 16000 tokens stated, rank 0 computes a 2000-token system prompt and a 2000-token
+// history after it, then the same system prompt with another 2000-token question,
+// which makes its head younger there than the history's copy by more than an eighth
+// of the cache. The history's continuation comes back after the time of its tail past
+// the system prompt: that tail was gone, and the cache is learned a twentieth down.
+// Judged against the whole copy, the system prompt's tokens included, the same chunk
+// said nothing sure.
+func TestAHistoryGoneBehindARefreshedSystemPromptTeachesTheCacheInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":16000},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}}`
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, cfg)
+		rng := rand.New(rand.NewSource(27))
+		system, history := prose(rng, 8000), prose(rng, 8000)
+		computeOn(t, h, system+history, "0", 400)
+		computeOn(t, h, system+prose(rng, 8000), "0", 208)
+		const gauge = "kvroute_target_cache_tokens.10_0_0_1_8000.rank_0"
+		require.Equal(t, int64(16000), h.gauge(gauge))
+		computeOn(t, h, system+history+prose(rng, 400), "0", 202)
+		assert.Equal(t, int64(15200), h.gauge(gauge))
+	})
+}

@@ -275,9 +275,10 @@ type LoadTicket struct {
 	Tokens  int64
 	Prefill int64 // queued prefill tokens still held: 0 once the first chunk is in
 	SentMS  int64 // when the request was sent (its prefill cannot have started before)
-	// Cached is the request's tokens the target was taken to hold when it was sent,
-	// in a copy CacheAge write-clock tokens old. Its first chunk says whether the
-	// copy was there.
+	// Cached is the request's tokens the target was taken to hold when it was sent
+	// in a copy that no later record there vouches for (a younger head of the prompt
+	// is left out), that copy CacheAge write-clock tokens old with the head. Its first
+	// chunk says whether the copy was there.
 	Cached, CacheAge int64
 	// CacheLimit is the target's cache as prefix.target_cache_tokens states it or,
 	// unset, as its engine reported it to the decision (0: unknown): where the

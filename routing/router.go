@@ -774,13 +774,13 @@ func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int
 	*target = p.targets.Targets[choice]
 	id := target.ID
 	uncached := int64(req.Tokens)
-	age := int64(-1)
+	age, head := int64(-1), 0
 	if len(pr.hashed.Checkpoints) > 0 {
 		matched = r.matchedOn(v, req, pr, choice)
 		uncached -= min(int64(matched), uncached)
 		bt := int64(max(1, r.cfg.Prefix.BlockTokens))
 		if matched > 0 {
-			age = r.copyAge(v, pr, choice, matched)
+			age, head = r.copyAge(v, pr, choice, matched)
 		}
 		// Peers hear of a copy in use at least every eighth of the cache.
 		refresh := uint32(min(v.loads[choice].CacheOr(r.cfg.Prefix.TargetCacheTokens)/bt, 1<<30)) / 8
@@ -789,7 +789,9 @@ func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int
 	since := v.loads[choice].SinceAfterSend(nowMS)
 	err = p.ledger.acquireInto(ticket, id, int64(req.Tokens), uncached, since, nowMS)
 	if age >= 0 {
-		ticket.Cached, ticket.CacheAge = int64(matched), age
+		// The first chunk judges the copy's tail past the head; the head counts in
+		// its age, as the cache must hold it for the tail to be there.
+		ticket.Cached, ticket.CacheAge = int64(matched-head), age+int64(head)
 		ticket.CacheLimit = r.cacheLimit(p, id)
 	}
 	// An error leaves the load held in the batch all the same.
@@ -813,10 +815,13 @@ func (r *Router) cacheLimit(p *poolState, id uint64) int64 {
 
 // copyAge is how much target choice has written since it recorded the copy of the
 // request's prefix that its match of matched tokens counts on, in tokens; -1 when
-// that is not known (the match is a prefix taken to be held everywhere).
-func (r *Router) copyAge(v *poolView, pr *prompt, choice, matched int) int64 {
+// that is not known (the match is a prefix taken to be held everywhere). head is the
+// tokens of that match which a later record on the target vouches for
+// (PrefixSearch.YoungerHead): their blocks were touched since, so they outlive the
+// copy, and a first chunk can only tell whether the rest was there.
+func (r *Router) copyAge(v *poolView, pr *prompt, choice, matched int) (age int64, head int) {
 	if pr.search == nil {
-		return -1
+		return -1, 0
 	}
 	bt := r.cfg.Prefix.BlockTokens
 	t32 := prefix.PrefixTargetID(v.pool.targets.Targets[choice].ID)
@@ -824,12 +829,18 @@ func (r *Router) copyAge(v *poolView, pr *prompt, choice, matched int) int64 {
 		if m.Target == t32 && min(m.Blocks*bt, matched) == matched {
 			now := uint32(v.loads[choice].Written / int64(max(1, bt)))
 			if now < m.Clock {
-				return 0 // recorded at a clock this view has not seen yet
+				return 0, 0 // recorded at a clock this view has not seen yet
 			}
-			return int64(now-m.Clock) * int64(bt)
+			age = int64(now-m.Clock) * int64(bt)
+			// VMs hear of each other's records every eighth of the cache (choose):
+			// a copy younger than that cannot be told from a head recorded later.
+			if cache := v.loads[choice].CacheOr(r.cfg.Prefix.TargetCacheTokens); cache > 0 && 8*age >= cache {
+				head = min(pr.search.YoungerHead(t32, m.Blocks, m.Clock)*bt, matched)
+			}
+			return age, head
 		}
 	}
-	return -1
+	return -1, 0
 }
 
 // matchedOn is the tokens of the request that target choice holds, looked up before

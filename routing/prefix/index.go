@@ -361,6 +361,29 @@ func (m *PrefixSearch) live(e *prefixEntry, s, pos int) bool {
 	return age >= 1<<31 || uint64(age)+uint64(pos) <= uint64(m.lastCap) // past 2^31: a clock read before the record, fresh
 }
 
+// YoungerHead is the deepest of the search's checkpoints shallower than pos blocks
+// that target t recorded at a later write clock than clock, in blocks (0 if none): a
+// head of the prompt that a later request refreshed there, which outlives the copy
+// recorded at clock. A request records every checkpoint of its prompt at one clock,
+// so on one target a shallower checkpoint's clock is never behind a deeper one's, and
+// the search halves.
+func (m *PrefixSearch) YoungerHead(t uint32, pos int, clock uint32) int {
+	if len(m.cps) == 0 || m.cps[0].Pos >= pos || !m.x.table.recordedAfter(m.cps[0].Hash, t, clock) {
+		return 0 // the first checkpoint is the youngest: none is younger
+	}
+	lo, hi, head := 1, len(m.cps), m.cps[0].Pos
+	for lo < hi {
+		mid := (lo + hi) / 2
+		cp := &m.cps[mid]
+		if cp.Pos < pos && m.x.table.recordedAfter(cp.Hash, t, clock) {
+			head, lo = cp.Pos, mid+1
+		} else {
+			hi = mid
+		}
+	}
+	return head
+}
+
 // Record stores the prompt's checkpoints against target at its write clock, and
 // queues for the other VMs what changed (a clock moved on by at least refresh counts;
 // 0 never does).

@@ -524,3 +524,29 @@ func TestALongPromptsHeadOutlivesItsTail(t *testing.T) {
 		assert.Equal(t, c.want, got, "written %d", c.written)
 	}
 }
+
+func TestAYoungerHeadIsWhatALaterRequestRecorded(t *testing.T) {
+	// Target 1 records a system prompt and a history after it at clock 10, then the
+	// same system prompt with another history at 20; target 2 only the first, at 10.
+	// On target 1 the system prompt's checkpoints are younger than the history's copy;
+	// on target 2 nothing is, nor on target 1 than a copy of clock 20.
+	const blockBytes = 32
+	rng := rand.New(rand.NewSource(12))
+	known := func(t uint32) bool { return t == 1 || t == 2 }
+	x := NewPrefixIndex(state.NewMemoryStore(), "ns", "decode", 1<<16, 8)
+	system := randomText(rng, 100*blockBytes)
+	var a, b Prompt
+	a.Hash("m", append(append([]byte{}, system...), randomText(rng, 60*blockBytes)...), blockBytes)
+	b.Hash("m", append(append([]byte{}, system...), randomText(rng, 10*blockBytes)...), blockBytes)
+	x.Record(a.Checkpoints, 1, 10, 0)
+	x.Record(a.Checkpoints, 2, 10, 0)
+	x.Record(b.Checkpoints, 1, 20, 0)
+	m := x.StartPromptMatch(&a, known, nil)
+	for m.Next() {
+	}
+	deepest := a.Checkpoints[len(a.Checkpoints)-1].Pos
+	assert.Equal(t, 96, m.YoungerHead(1, deepest, 10), "the system prompt's deepest checkpoint: 96 of its 100 blocks")
+	assert.Equal(t, 0, m.YoungerHead(2, deepest, 10))
+	assert.Equal(t, 0, m.YoungerHead(1, deepest, 20))
+	assert.Equal(t, 88, m.YoungerHead(1, 90, 10), "only checkpoints shallower than pos")
+}

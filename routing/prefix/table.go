@@ -97,6 +97,21 @@ func (t *prefixTable) find(hash uint64) *prefixEntry {
 	return nil
 }
 
+// recordedAfter reports whether target recorded the prefix of hash at a write clock
+// later than clock (clocks wrap: later is less than 2^31 ahead).
+func (t *prefixTable) recordedAfter(hash uint64, target, clock uint32) bool {
+	e := t.find(hash)
+	if e == nil {
+		return false
+	}
+	for s := range e.targets {
+		if e.targets[s] == target {
+			return int32(e.clocks[s]-clock) > 0
+		}
+	}
+	return false
+}
+
 // slot returns the entry of hash, else the empty way of its set that a new hash takes,
 // else nil (a full set without it). A set's entries are its first ways: a new entry
 // takes the first empty way, and an entry is only ever replaced. So a search stops at
