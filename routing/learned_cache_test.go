@@ -278,18 +278,16 @@ func TestAnEngineReportedCacheIsWhereTheLearningStarts(t *testing.T) {
 	}
 }
 
-func TestAHistoryGoneBehindARefreshedSystemPromptTeachesTheCache(t *testing.T) {
-	// A cache of 16000 tokens stated. Target X computes a 2000-token system prompt
-	// and a 2000-token history after it (10 tokens a ms), then the same system prompt
-	// with another 2000-token question: its head is younger there than the history's
-	// copy, by more than an eighth of the cache. The history's continuation is sent to
-	// X for both; the ticket vouches for the history's tail alone (its deepest
-	// checkpoint, 3840 tokens, less the system prompt's, 1920), at the tail's age. Its
-	// first chunk comes back after the tail's time: the tail was gone, and X's cache
-	// is learned a twentieth down. Counted against the whole copy, the same chunk said
-	// nothing sure.
+// historyBehindAHead states a cache of cache tokens. Target X computes a 2000-token
+// system prompt and a 2000-token history after it (10 tokens a ms), then the same
+// system prompt with another 2000-token question, which makes its head younger there
+// than the history's copy. The history's continuation is sent to X for both; its
+// first chunk comes back after the time of the history's tail past the system
+// prompt: the tail was gone. It returns the continuation's ticket as sent and X's
+// cache after the chunk.
+func historyBehindAHead(t *testing.T, cache string) (sent LoadTicket, learned int64) {
 	clock := &fakeClock{ms: 1e6}
-	r := NewRouter(testConfig(t, `,"balance":{"fair_share_multiplier":100},"prefix":{"target_cache_tokens":16000}`), state.NewMemoryStore(), clock.now)
+	r := NewRouter(testConfig(t, `,"balance":{"fair_share_multiplier":100},"prefix":{"target_cache_tokens":`+cache+`}`), state.NewMemoryStore(), clock.now)
 	rng := rand.New(rand.NewSource(13))
 	system, history := words(rng, 8000), words(rng, 8000)
 	done := func(d Decision, ms int64) {
@@ -306,45 +304,32 @@ func TestAHistoryGoneBehindARefreshedSystemPromptTeachesTheCache(t *testing.T) {
 	next := r.Decide(textRequest(system+history+words(rng, 400), 3), NoRank)
 	require.Equal(t, KindContinuation, next.Kind)
 	require.Equal(t, x, next.Target.ID)
-	assert.Equal(t, int64(3840-1920), next.Ticket.Cached)
-	// The writes since the history's copy: the other question's 2000 tokens and the
-	// system prompt's 80 past its deepest checkpoint; then the head before the tail.
-	assert.InDelta(t, 2080+1920, next.Ticket.CacheAge, 16)
+	sent = next.Ticket
 	done(next, 202)
 	loads, err := r.Loads()
 	require.NoError(t, err)
-	for i, tg := range r.DecodeTargets() {
-		if tg.ID == x {
-			assert.Equal(t, int64(15200), loads[i].Cache)
-		}
-	}
+	return sent, loads[r.decode.targets.Index(x)].Cache
+}
+
+func TestAHistoryGoneBehindARefreshedSystemPromptTeachesTheCache(t *testing.T) {
+	// With a cache of 16000 the head is younger than the history's copy by more than
+	// an eighth of the cache. The ticket vouches for the history's tail alone (its
+	// deepest checkpoint, 3840 tokens, less the system prompt's, 1920), at the tail's
+	// age; the chunk shows it gone, and X's cache is learned a twentieth down.
+	// Counted against the whole copy, the same chunk said nothing sure.
+	sent, learned := historyBehindAHead(t, "16000")
+	assert.Equal(t, int64(3840-1920), sent.Cached)
+	// The writes since the history's copy: the other question's 2000 tokens and the
+	// system prompt's 80 past its deepest checkpoint; then the head before the tail.
+	assert.InDelta(t, 2080+1920, sent.CacheAge, 16)
+	assert.Equal(t, int64(15200), learned)
 }
 
 func TestAYoungCopyIsJudgedWhole(t *testing.T) {
-	// The same with a cache of 20000: the history's copy is 2080 tokens old, under an
-	// eighth of the cache, which VMs may not hear of each other's records within. The
-	// ticket vouches for the whole copy, and the same first chunk says nothing sure.
-	clock := &fakeClock{ms: 1e6}
-	r := NewRouter(testConfig(t, `,"balance":{"fair_share_multiplier":100},"prefix":{"target_cache_tokens":20000}`), state.NewMemoryStore(), clock.now)
-	rng := rand.New(rand.NewSource(13))
-	system, history := words(rng, 8000), words(rng, 8000)
-	done := func(d Decision, ms int64) {
-		clock.ms += ms
-		require.NoError(t, r.FirstChunk(&d.Ticket))
-		require.NoError(t, r.Release(d.Ticket))
-	}
-	first := r.Decide(textRequest(system+history, 1), NoRank)
-	done(first, 400)
-	done(r.Decide(textRequest(system+words(rng, 8000), 2), NoRank), 208)
-	next := r.Decide(textRequest(system+history+words(rng, 400), 3), NoRank)
-	require.Equal(t, first.Target.ID, next.Target.ID)
-	assert.Equal(t, int64(3840), next.Ticket.Cached)
-	done(next, 202)
-	loads, err := r.Loads()
-	require.NoError(t, err)
-	for i, tg := range r.DecodeTargets() {
-		if tg.ID == first.Target.ID {
-			assert.Equal(t, int64(20000), loads[i].Cache, "the cache stated: nothing learned")
-		}
-	}
+	// With a cache of 20000 the history's copy is 2080 tokens old, under an eighth of
+	// the cache, which VMs may not hear of each other's records within. The ticket
+	// vouches for the whole copy, and the same first chunk says nothing sure.
+	sent, learned := historyBehindAHead(t, "20000")
+	assert.Equal(t, int64(3840), sent.Cached)
+	assert.Equal(t, int64(20000), learned, "the cache stated: nothing learned")
 }
