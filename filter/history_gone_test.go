@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math/rand"
 	"strconv"
 	"testing"
@@ -10,6 +11,36 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// conversationOnRank0 starts a host of one endpoint with three trusted ranks and a
+// cache of cache tokens a rank, computes a 2000-token system prompt on each rank, and
+// begins conversation c on rank 0 with a first turn 500 tokens longer. turn sends a
+// turn of c (with headers), streams it to its end 100 ms later, and says where it
+// went and why.
+func conversationOnRank0(t *testing.T, vm types.VMContext, cache int, seed int64) (h *host, rng *rand.Rand, system, first string, turn func(text string, headers ...[2]string) (rank, decision string)) {
+	h = startHost(t, vm, fmt.Sprintf(`{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":%d},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`, cache))
+	rng = rand.New(rand.NewSource(seed))
+	system = prose(rng, 8000)
+	for _, rank := range []string{"0", "1", "2"} {
+		computeOn(t, h, system+prose(rng, 200), rank, 100)
+	}
+	conv := [2]string{"x-session-id", "c"}
+	turn = func(text string, headers ...[2]string) (rank, decision string) {
+		id, _ := h.send(post("/v1/completions", completionBody(text), append(headers, conv)...))
+		decision, _ = h.header(id, "x-kvroute-decision")
+		rank, _ = h.header(id, "x-data-parallel-rank")
+		h.stream(id)
+		h.advance(100)
+		h.firstChunk(id)
+		h.endStream(id)
+		return rank, decision
+	}
+	first = system + prose(rng, 2000)
+	_, decision := turn(first, [2]string{"x-data-parallel-rank", "0"})
+	require.Equal(t, "new-conversation", decision)
+	return h, rng, system, first, turn
+}
+
 // TestATurnWhoseHistoryTurnedOverLeavesAQueueInFilter: with a cache of 20000 tokens a
 // rank, a 2000-token system prompt computed on each of three ranks and a
 // conversation's first turn, 500 tokens more, on rank 0; then other work on rank 0
@@ -18,41 +49,20 @@ import (
 // turn stays; after 18000 it is gone, rank 0 caches no more of the turn than the
 // other ranks do, and the turn goes where nothing is queued.
 func TestATurnWhoseHistoryTurnedOverLeavesAQueueInFilter(t *testing.T) {
-	const cfg = `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":20000},
-		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
 	for _, tc := range []struct {
 		written  int // tokens computed on rank 0 after the first turn
 		decision string
 	}{{10000, "sticky"}, {18000, "overflow"}} {
 		t.Run(strconv.Itoa(tc.written), func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
-				h := startHost(t, vm, cfg)
-				rng := rand.New(rand.NewSource(31))
-				system := prose(rng, 8000)
-				for _, rank := range []string{"0", "1", "2"} {
-					computeOn(t, h, system+prose(rng, 200), rank, 100)
-				}
-				conv := [2]string{"x-session-id", "c"}
-				first := system + prose(rng, 2000)
-				id, _ := h.send(post("/v1/completions", completionBody(first), conv, [2]string{"x-data-parallel-rank", "0"}))
-				decision, _ := h.header(id, "x-kvroute-decision")
-				require.Equal(t, "new-conversation", decision)
-				h.stream(id)
-				h.advance(100)
-				h.firstChunk(id)
-				h.endStream(id)
+				h, rng, system, first, turn := conversationOnRank0(t, vm, 20000, 31)
 				computeOn(t, h, system+prose(rng, 4*tc.written), "0", 100)
 				queued := openOn(t, h, prose(rng, 4000), "0", false)
-				id, _ = h.send(post("/v1/completions", completionBody(first+prose(rng, 400)), conv))
-				decision, _ = h.header(id, "x-kvroute-decision")
-				rank, _ := h.header(id, "x-data-parallel-rank")
+				rank, decision := turn(first + prose(rng, 400))
 				assert.Equal(t, tc.decision, decision)
 				assert.Equal(t, tc.decision == "sticky", rank == "0", "rank %s", rank)
-				h.stream(id)
-				for _, s := range []uint32{id, queued} {
-					h.firstChunk(s)
-					h.endStream(s)
-				}
+				h.firstChunk(queued)
+				h.endStream(queued)
 			})
 		})
 	}
@@ -63,29 +73,8 @@ func TestATurnWhoseHistoryTurnedOverLeavesAQueueInFilter(t *testing.T) {
 // that queue ended and 1000 tokens queued on rank 0 again, the third turn goes where
 // the second went, which caches more of it than rank 0 does.
 func TestATurnFollowsItsHistoryToWhereItsLastTurnOverflowedInFilter(t *testing.T) {
-	const cfg = `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":1000000},
-		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
-		h := startHost(t, vm, cfg)
-		rng := rand.New(rand.NewSource(32))
-		system := prose(rng, 8000)
-		for _, rank := range []string{"0", "1", "2"} {
-			computeOn(t, h, system+prose(rng, 200), rank, 100)
-		}
-		conv := [2]string{"x-session-id", "c"}
-		turn := func(text string, headers ...[2]string) (rank, decision string) {
-			id, _ := h.send(post("/v1/completions", completionBody(text), append(headers, conv)...))
-			decision, _ = h.header(id, "x-kvroute-decision")
-			rank, _ = h.header(id, "x-data-parallel-rank")
-			h.stream(id)
-			h.advance(100)
-			h.firstChunk(id)
-			h.endStream(id)
-			return rank, decision
-		}
-		first := system + prose(rng, 2000)
-		_, decision := turn(first, [2]string{"x-data-parallel-rank", "0"})
-		require.Equal(t, "new-conversation", decision)
+		h, rng, _, first, turn := conversationOnRank0(t, vm, 1000000, 32)
 		long := openOn(t, h, prose(rng, 160000), "0", false)
 		second := first + prose(rng, 4000)
 		moved, decision := turn(second)
