@@ -368,3 +368,26 @@ func TestAHistoryGoneBehindARefreshedSystemPromptTeachesTheCacheInFilter(t *test
 		assert.Equal(t, int64(15200), h.gauge(gauge))
 	})
 }
+
+// TestAHistoryGoneBehindASystemPromptHeldEverywhereTeachesTheCacheInFilter: the same
+// on six ranks, with the system prompt computed on four other ranks after rank 0's
+// other work: its entry names those four, and the prompt is taken to be held, and
+// kept fresh, everywhere. The history's tail found gone teaches the cache.
+func TestAHistoryGoneBehindASystemPromptHeldEverywhereTeachesTheCacheInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":16000},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":6}]}}}`
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, cfg)
+		rng := rand.New(rand.NewSource(28))
+		system, history := prose(rng, 8000), prose(rng, 8000)
+		computeOn(t, h, system+history, "0", 400)
+		computeOn(t, h, prose(rng, 8320), "0", 208)
+		for _, rank := range []string{"1", "2", "3", "4"} {
+			computeOn(t, h, system+prose(rng, 400), rank, 208)
+		}
+		const gauge = "kvroute_target_cache_tokens.10_0_0_1_8000.rank_0"
+		require.Equal(t, int64(16000), h.gauge(gauge))
+		computeOn(t, h, system+history+prose(rng, 400), "0", 202)
+		assert.Equal(t, int64(15200), h.gauge(gauge))
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/config"
 	"github.com/kvroute/kvroute/routing/engine"
 	"github.com/kvroute/kvroute/routing/prefix"
 	"github.com/kvroute/kvroute/routing/state"
@@ -332,4 +333,47 @@ func TestAYoungCopyIsJudgedWhole(t *testing.T) {
 	sent, learned := historyBehindAHead(t, "20000")
 	assert.Equal(t, int64(3840), sent.Cached)
 	assert.Equal(t, int64(20000), learned, "the cache stated: nothing learned")
+}
+
+func TestAHistoryGoneBehindASystemPromptHeldEverywhereTeachesTheCache(t *testing.T) {
+	// Six targets, a cache of 16000 stated. X computes a 2000-token system prompt
+	// and a 2000-token history, then 2080 tokens of other work; four other targets
+	// record the system prompt since, so its entry names them and no longer X: it is
+	// taken to be held everywhere. The history's continuation on X vouches for the
+	// tail past it, and a first chunk in the tail's time teaches the cache.
+	cfg, err := config.ParseConfig([]byte(`{"balance":{"fair_share_multiplier":100},"prefix":{"target_cache_tokens":16000},"pools":{"decode":{"endpoints":[
+		{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},{"address":"10.0.0.3:8000"},
+		{"address":"10.0.0.4:8000"},{"address":"10.0.0.5:8000"},{"address":"10.0.0.6:8000"}]}}}`))
+	require.NoError(t, err)
+	clock := &fakeClock{ms: 1e6}
+	r := NewRouter(&cfg, state.NewMemoryStore(), clock.now)
+	rng := rand.New(rand.NewSource(14))
+	system, history := words(rng, 8000), words(rng, 8000)
+	first := r.Decide(textRequest(system+history, 1), NoRank)
+	x := first.Target.ID
+	clock.ms += 400
+	require.NoError(t, r.FirstChunk(&first.Ticket))
+	require.NoError(t, r.Release(first.Ticket))
+	other, err := r.decode.ledger.AcquireQueued(x, 2080, 2080, 0, clock.ms)
+	require.NoError(t, err)
+	clock.ms += 208
+	require.NoError(t, r.decode.ledger.FirstChunk(&other, clock.ms))
+	require.NoError(t, r.decode.ledger.Release(other, clock.now))
+	req := textRequest(system+words(rng, 400), 2)
+	cps, _ := prefix.HashCheckpoints(req.Model, req.Prompt, req.BlockBytes, nil)
+	recorded := 0
+	for _, tg := range r.DecodeTargets() {
+		if tg.ID != x && recorded < 4 {
+			r.decode.index.Record(cps, tg.ID, 0, 0)
+			recorded++
+		}
+	}
+	next := r.Decide(textRequest(system+history+words(rng, 400), 3), NoRank)
+	require.Equal(t, x, next.Target.ID)
+	assert.Equal(t, int64(3840-1920), next.Ticket.Cached)
+	clock.ms += 202
+	require.NoError(t, r.FirstChunk(&next.Ticket))
+	loads, err := r.Loads()
+	require.NoError(t, err)
+	assert.Equal(t, int64(15200), loads[r.decode.targets.Index(x)].Cache)
 }

@@ -833,9 +833,11 @@ func (r *Router) copyAge(v *poolView, pr *prompt, choice, matched int) (age int6
 			}
 			age = int64(now-m.Clock) * int64(bt)
 			// VMs hear of each other's records every eighth of the cache (choose):
-			// a copy younger than that cannot be told from a head recorded later.
+			// a copy younger than that cannot be told from a head recorded later. A
+			// head whose entry names as many holders as it can (CommonDepth) is
+			// taken to be held, and kept fresh, everywhere, as lookup takes it.
 			if cache := v.loads[choice].CacheOr(r.cfg.Prefix.TargetCacheTokens); cache > 0 && 8*age >= cache {
-				head = min(pr.search.YoungerHead(t32, m.Blocks, m.Clock)*bt, matched)
+				head = min(max(pr.search.YoungerHead(t32, m.Blocks, m.Clock), pr.search.CommonDepth())*bt, matched)
 			}
 			return age, head
 		}
