@@ -345,49 +345,47 @@ func TestTargetGaugesShowTheCacheAndRateDecisionsUseInFilter(t *testing.T) {
 	}
 }
 
-// TestAHistoryGoneBehindARefreshedSystemPromptTeachesTheCacheInFilter: with a cache of
-// 16000 tokens stated, rank 0 computes a 2000-token system prompt and a 2000-token
-// history after it, then the same system prompt with another 2000-token question,
-// which makes its head younger there than the history's copy by more than an eighth
-// of the cache. The history's continuation comes back after the time of its tail past
-// the system prompt: that tail was gone, and the cache is learned a twentieth down.
-// Judged against the whole copy, the system prompt's tokens included, the same chunk
-// said nothing sure.
-func TestAHistoryGoneBehindARefreshedSystemPromptTeachesTheCacheInFilter(t *testing.T) {
-	const cfg = `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":16000},
-		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}}`
-	bothVMs(t, func(t *testing.T, vm types.VMContext) {
-		h := startHost(t, vm, cfg)
-		rng := rand.New(rand.NewSource(27))
-		system, history := prose(rng, 8000), prose(rng, 8000)
-		computeOn(t, h, system+history, "0", 400)
-		computeOn(t, h, system+prose(rng, 8000), "0", 208)
-		const gauge = "kvroute_target_cache_tokens.10_0_0_1_8000.rank_0"
-		require.Equal(t, int64(16000), h.gauge(gauge))
-		computeOn(t, h, system+history+prose(rng, 400), "0", 202)
-		assert.Equal(t, int64(15200), h.gauge(gauge))
-	})
-}
-
-// TestAHistoryGoneBehindASystemPromptHeldEverywhereTeachesTheCacheInFilter: the same
-// on six ranks, with the system prompt computed on four other ranks after rank 0's
-// other work: its entry names those four, and the prompt is taken to be held, and
-// kept fresh, everywhere. The history's tail found gone teaches the cache.
-func TestAHistoryGoneBehindASystemPromptHeldEverywhereTeachesTheCacheInFilter(t *testing.T) {
-	const cfg = `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":16000},
-		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":6}]}}}`
-	bothVMs(t, func(t *testing.T, vm types.VMContext) {
-		h := startHost(t, vm, cfg)
-		rng := rand.New(rand.NewSource(28))
-		system, history := prose(rng, 8000), prose(rng, 8000)
-		computeOn(t, h, system+history, "0", 400)
-		computeOn(t, h, prose(rng, 8320), "0", 208)
-		for _, rank := range []string{"1", "2", "3", "4"} {
-			computeOn(t, h, system+prose(rng, 400), rank, 208)
-		}
-		const gauge = "kvroute_target_cache_tokens.10_0_0_1_8000.rank_0"
-		require.Equal(t, int64(16000), h.gauge(gauge))
-		computeOn(t, h, system+history+prose(rng, 400), "0", 202)
-		assert.Equal(t, int64(15200), h.gauge(gauge))
-	})
+// TestAHistoryGoneBehindARefreshedHeadTeachesTheCacheInFilter: rank 0 computes a
+// 2000-token system prompt and a 2000-token history after it, then 2000 tokens of
+// other work, while the system prompt is computed again: on rank 0 itself (its head
+// is then younger there than the history's copy), or on four other ranks of six (its
+// entry then names those four, and it is taken to be held, and kept fresh,
+// everywhere). The history's continuation comes back after the time of its tail past
+// the system prompt: the tail was gone, and with 16000 tokens stated the cache is
+// learned a twentieth down. Judged against the whole copy, the system prompt's tokens
+// included, the same chunk says nothing sure: so it does with 20000 stated, where the
+// copy, 2080 tokens old, is under an eighth of the cache and is judged whole.
+func TestAHistoryGoneBehindARefreshedHeadTeachesTheCacheInFilter(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		cache, ranks  int
+		refreshedOn   []string
+		before, after int64
+	}{
+		{"the same rank", 16000, 2, nil, 16000, 15200},
+		{"the same rank, a young copy", 20000, 2, nil, 20000, 20000},
+		{"four other ranks", 16000, 6, []string{"1", "2", "3", "4"}, 16000, 15200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, fmt.Sprintf(`{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":%d},
+					"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":%d}]}}}`, tc.cache, tc.ranks))
+				rng := rand.New(rand.NewSource(27))
+				system, history := prose(rng, 8000), prose(rng, 8000)
+				computeOn(t, h, system+history, "0", 400)
+				if tc.refreshedOn == nil {
+					computeOn(t, h, system+prose(rng, 8000), "0", 208)
+				} else {
+					computeOn(t, h, prose(rng, 8320), "0", 208)
+					for _, rank := range tc.refreshedOn {
+						computeOn(t, h, system+prose(rng, 400), rank, 208)
+					}
+				}
+				const gauge = "kvroute_target_cache_tokens.10_0_0_1_8000.rank_0"
+				require.Equal(t, tc.before, h.gauge(gauge))
+				computeOn(t, h, system+history+prose(rng, 400), "0", 202)
+				assert.Equal(t, tc.after, h.gauge(gauge))
+			})
+		})
+	}
 }
