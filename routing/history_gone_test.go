@@ -10,6 +10,27 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// convTurns sends the turns of conversations to a router on a fake clock.
+type convTurns struct {
+	t     *testing.T
+	r     *Router
+	clock *fakeClock
+}
+
+// send decides a turn of conv.
+func (c convTurns) send(conv, text string, id uint64) Decision {
+	req := textRequest(text, id)
+	req.Conversation, req.HasConversation = hashx.FingerprintString(conv), true
+	return c.r.Decide(req, NoRank)
+}
+
+// done streams d's first chunk 100 ms later and ends it.
+func (c convTurns) done(d Decision) {
+	c.clock.ms += 100
+	require.NoError(c.t, c.r.FirstChunk(&d.Ticket))
+	require.NoError(c.t, c.r.Release(d.Ticket))
+}
+
 // historyCase starts three targets with a cache of 20000 tokens each, a 2000-token
 // system prompt computed on every one, and a conversation whose 500-token first turn
 // went to home. Another conversation mapped to home then sends it written tokens of
@@ -21,16 +42,8 @@ func historyCase(t *testing.T, written int, queued int64) (home Target, d Decisi
 	r := NewRouter(testConfig(t, `,"prefix":{"target_cache_tokens":20000}`), state.NewMemoryStore(), clock.now)
 	rng := rand.New(rand.NewSource(21))
 	system := words(rng, 8000)
-	turn := func(conv, text string, id uint64) Decision {
-		req := textRequest(text, id)
-		req.Conversation, req.HasConversation = hashx.FingerprintString(conv), true
-		return r.Decide(req, NoRank)
-	}
-	done := func(d Decision) {
-		clock.ms += 100
-		require.NoError(t, r.FirstChunk(&d.Ticket))
-		require.NoError(t, r.Release(d.Ticket))
-	}
+	c := convTurns{t, r, clock}
+	turn, done := c.send, c.done
 	onEach(t, r, func(i int, conv string) { done(turn(conv, system+words(rng, 128), uint64(i))) })
 	first := system + words(rng, 2000)
 	d = turn("c", first, 10)
@@ -93,21 +106,10 @@ func TestATurnFollowsItsHistoryToWhereItsLastTurnOverflowed(t *testing.T) {
 	r := NewRouter(testConfig(t, `,"prefix":{"target_cache_tokens":1000000}`), state.NewMemoryStore(), clock.now)
 	rng := rand.New(rand.NewSource(22))
 	system := words(rng, 8000)
-	turn := func(text string, id uint64) Decision {
-		req := textRequest(text, id)
-		req.Conversation, req.HasConversation = hashx.FingerprintString("c"), true
-		return r.Decide(req, NoRank)
-	}
-	done := func(d Decision) {
-		clock.ms += 100
-		require.NoError(t, r.FirstChunk(&d.Ticket))
-		require.NoError(t, r.Release(d.Ticket))
-	}
-	onEach(t, r, func(i int, conv string) {
-		req := textRequest(system+words(rng, 128), uint64(100+i))
-		req.Conversation, req.HasConversation = hashx.FingerprintString(conv), true
-		done(r.Decide(req, NoRank))
-	})
+	c := convTurns{t, r, clock}
+	turn := func(text string, id uint64) Decision { return c.send("c", text, id) }
+	done := c.done
+	onEach(t, r, func(i int, conv string) { done(c.send(conv, system+words(rng, 128), uint64(100+i))) })
 	first := system + words(rng, 2000)
 	d := turn(first, 1)
 	require.Equal(t, KindNewConversation, d.Kind)
