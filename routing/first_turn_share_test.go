@@ -98,14 +98,14 @@ func TestFirstTurnsStayWithHoldersAtTheirShare(t *testing.T) {
 	}
 }
 
-// A holder over its share that has lately written half its prefix cache loses the
-// first turns, however few requests it runs: its conversations' histories would be
+// A holder over its share that has lately written a quarter of its prefix cache loses
+// the first turns, however few requests it runs: its conversations' histories would be
 // evicted before their next turns.
 func TestFirstTurnsLeaveHoldersThatTurnTheirCacheOver(t *testing.T) {
 	for _, tc := range []struct {
 		cache int
 		held  bool
-	}{{6016, true}, {6000, false}} {
+	}{{12016, true}, {12000, false}} {
 		ts, got := shareCase(t, 3, 1, 1, 4, 1, 3000, fmt.Sprintf(`,"prefix":{"target_cache_tokens":%d}`, tc.cache))
 		assert.Equal(t, tc.held, heldBy(ts, 1, got), "cache %d", tc.cache)
 	}

@@ -1447,10 +1447,11 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 // conversation's later turns to its target, and by its own wait it always keeps a long
 // prompt on its holders: so while they carry more of the pool's recent requests than
 // their share would be with one more holder, and that load costs there (they run as
-// many as an engine has running slots, or turn over half the prefix cache stated for
-// them, evicting their conversations' histories), a copy elsewhere is worth its one
-// prefill. The holders are counted over every eligible target, the slot filter's too.
-// A size learned from first chunks is not used: early on it can be far too small.
+// many as an engine has running slots, or their recent work reaches a turnoverShare of
+// the prefix cache stated for them, evicting their conversations' histories), a copy
+// elsewhere is worth its one prefill. The holders are counted over every eligible
+// target, the slot filter's too. A size learned from first chunks is not used: early
+// on it can be far too small.
 func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt, cands, matched []int) int {
 	deepest, least := 0, math.MaxInt
 	for _, i := range cands {
@@ -1482,11 +1483,19 @@ func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt,
 	if slots <= 0 {
 		slots = slotsFullRunning // the fewest an engine is taken to have
 	}
-	if running >= slots*holders || cache > 0 && 2*recentWork >= cache {
+	if running >= slots*holders || cache > 0 && turnoverShare*recentWork >= cache {
 		return deepest
 	}
 	return 0
 }
+
+// turnoverShare: holders whose recent work (Load.Recent, the uncached tokens sent
+// there, halved every recentHalfLifeMS) reaches 1/turnoverShare of their stated prefix
+// cache are taken to evict their conversations' histories between turns. An engine's
+// LRU evicts the blocks touched least lately, and every turn touches its whole history
+// again while only its new tokens are written: a cache turns over several times faster
+// than its writes alone would fill it.
+const turnoverShare = 4
 
 // spreadLoad is the load a round-robin first turn spreads over the targets where its
 // first token would come soonest: the target's recent prefill work (Load.Recent), or,
