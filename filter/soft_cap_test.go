@@ -429,6 +429,47 @@ func TestFirstTurnsLeaveAHolderThatTurnsItsCacheOver(t *testing.T) {
 	}
 }
 
+func TestFirstTurnsLeaveAHolderThatLosesHistories(t *testing.T) {
+	// Rank 1 computes a long system prompt, then documents whose continuations come
+	// back in the whole prompt's time: copies gone that the 1 000 000 tokens stated
+	// should have kept. After three, its learned cache is a tenth below the stated
+	// one, and it is evicting its conversations' histories already: a new
+	// conversation on its prompt is computed on another rank, though rank 1 carries
+	// no more than its share with one more holder (7 requests against 3 on each
+	// other rank), runs none and has written little. After two it stays.
+	cfg := `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":1000000},` +
+		`"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	for _, gone := range []int{2, 3} {
+		t.Run(fmt.Sprint(gone, " copies gone"), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(59))
+				onRank := func(r string) [2]string { return [2]string{"x-data-parallel-rank", r} }
+				system := prose(rng, 16000)
+				id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 800)), onRank("1")))
+				h.stream(id)
+				h.advance(100)
+				h.firstChunk(id)
+				h.endStream(id)
+				for i := 0; i < gone; i++ {
+					doc := prose(rng, 32000)
+					computeOn(t, h, doc, "1", 200)
+					computeOn(t, h, doc+prose(rng, 4000), "1", 225)
+				}
+				for _, r := range []string{"0", "2"} {
+					for i := 0; i < 3; i++ {
+						computeOn(t, h, prose(rng, 400), r, 5)
+					}
+				}
+				h.advance(1000)
+				_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", "s"}))
+				assert.Equal(t, "new-conversation", decision)
+				assert.Equal(t, gone < 3, rank == "1", "rank %s", rank)
+			})
+		})
+	}
+}
+
 func TestFirstTurnsMakeNoMoreHoldersThanCopiesByDemand(t *testing.T) {
 	// Ten ranks. Ranks 1 and 2, or 1 to 3, each computed a long system prompt and run
 	// sixteen, over their share and at an engine's running slots; the others were sent

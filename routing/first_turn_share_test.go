@@ -14,10 +14,12 @@ import (
 
 // shareCase is a pool of endpoints × dp targets of which the first holders hold a
 // system prompt of about 2000 tokens. Each holder first computes written tokens (one
-// request, sent and done), then records the prompt and is sent running requests, still
-// in flight; every other target is sent busy requests, done. It returns the targets
-// and where a new conversation on the prompt goes.
-func shareCase(t *testing.T, endpoints, dp, holders, running, busy int, written int64, extra string) (ts []Target, got Target) {
+// request, sent and done, its first chunk 100 ms later), then is sent gone requests
+// whose first chunks show a copy of 2000 tokens gone (the whole prompt's time at that
+// rate), then records the prompt and is sent running requests, still in flight; every
+// other target is sent busy requests, done. It returns the targets and where a new
+// conversation on the prompt goes.
+func shareCase(t *testing.T, endpoints, dp, holders, running, busy, gone int, written int64, extra string) (ts []Target, got Target) {
 	t.Helper()
 	js := `{"pools":{"decode":{"endpoints":[`
 	for e := 0; e < endpoints; e++ {
@@ -42,6 +44,14 @@ func shareCase(t *testing.T, endpoints, dp, holders, running, busy int, written 
 				tk, err := l.AcquireQueued(tg.ID, written, written, clock.ms, clock.ms)
 				require.NoError(t, err)
 				require.NoError(t, l.FirstChunk(&tk, clock.ms+100))
+				require.NoError(t, l.Release(tk, clock.now))
+			}
+			for k := int64(0); k < int64(gone); k++ {
+				sent := clock.ms + 200 + 100*k
+				tk, err := l.AcquireQueued(tg.ID, 2100, 100, sent, sent)
+				require.NoError(t, err)
+				tk.Cached, tk.CacheAge = 2000, 100
+				require.NoError(t, l.FirstChunk(&tk, sent+2100*100/written))
 				require.NoError(t, l.Release(tk, clock.now))
 			}
 			r.decode.index.Record(cps, tg.ID, uint32(written/int64(cfg.Prefix.BlockTokens)), 0)
@@ -79,7 +89,7 @@ func TestFirstTurnsLeaveHoldersOverTheirShareAtTheSlots(t *testing.T) {
 		running int
 		held    bool
 	}{{15, true}, {16, false}} {
-		ts, got := shareCase(t, 3, 1, 1, tc.running, 1, 1000, "")
+		ts, got := shareCase(t, 3, 1, 1, tc.running, 1, 0, 1000, "")
 		assert.Equal(t, tc.held, heldBy(ts, 1, got), "running %d", tc.running)
 	}
 }
@@ -93,7 +103,7 @@ func TestFirstTurnsStayWithHoldersAtTheirShare(t *testing.T) {
 		running, busy int
 		held          bool
 	}{{16, 16, true}, {19, 5, true}, {19, 4, false}} {
-		ts, got := shareCase(t, 3, 1, 1, tc.running, tc.busy, 1000, "")
+		ts, got := shareCase(t, 3, 1, 1, tc.running, tc.busy, 0, 1000, "")
 		assert.Equal(t, tc.held, heldBy(ts, 1, got), "others sent %d each", tc.busy)
 	}
 }
@@ -106,7 +116,7 @@ func TestFirstTurnsLeaveHoldersThatTurnTheirCacheOver(t *testing.T) {
 		cache int
 		held  bool
 	}{{12016, true}, {12000, false}} {
-		ts, got := shareCase(t, 3, 1, 1, 4, 1, 3000, fmt.Sprintf(`,"prefix":{"target_cache_tokens":%d}`, tc.cache))
+		ts, got := shareCase(t, 3, 1, 1, 4, 1, 0, 3000, fmt.Sprintf(`,"prefix":{"target_cache_tokens":%d}`, tc.cache))
 		assert.Equal(t, tc.held, heldBy(ts, 1, got), "cache %d", tc.cache)
 	}
 }
@@ -118,7 +128,23 @@ func TestFirstTurnsMakeNoMoreHoldersThanCopiesByDemand(t *testing.T) {
 		holders int
 		held    bool
 	}{{2, false}, {3, true}} {
-		ts, got := shareCase(t, 5, 2, tc.holders, 16, 1, 1000, "")
+		ts, got := shareCase(t, 5, 2, tc.holders, 16, 1, 0, 1000, "")
 		assert.Equal(t, tc.held, heldBy(ts, tc.holders, got), "%d holders", tc.holders)
+	}
+}
+
+// A holder whose first chunks have shown copies gone that its stated cache should have
+// kept evicts its conversations' histories already: it loses the first turns as soon
+// as it carries more than its own share, though not its share with one more holder,
+// and though it runs few and has written little. It was sent 8 requests, the two
+// others 4 each. Three copies found gone take its learned cache to 0.86 of the
+// stated 100 000 tokens; two, to 0.90, are not yet enough.
+func TestFirstTurnsLeaveHoldersThatLoseHistories(t *testing.T) {
+	for _, tc := range []struct {
+		gone int
+		held bool
+	}{{0, true}, {2, true}, {3, false}} {
+		ts, got := shareCase(t, 3, 1, 1, 4, 4, tc.gone, 3000, `,"prefix":{"target_cache_tokens":100000}`)
+		assert.Equal(t, tc.held, heldBy(ts, 1, got), "%d copies found gone", tc.gone)
 	}
 }

@@ -1449,9 +1449,12 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 // their share would be with one more holder, and that load costs there (they run as
 // many as an engine has running slots, or their recent work reaches a turnoverShare of
 // the prefix cache stated for them, evicting their conversations' histories), a copy
-// elsewhere is worth its one prefill. The holders are counted over every eligible
-// target, the slot filter's too. A size learned from first chunks is not used: early
-// on it can be far too small.
+// elsewhere is worth its one prefill. Holders whose first chunks have shown copies gone
+// that their stated cache should have kept are evicting those histories already: any
+// share over theirs is too much there. The holders are counted over every eligible
+// target, the slot filter's too. A size learned from first chunks is not compared with
+// the recent work (early on it can be far too small): only its fall below the stated
+// one counts, as evidence.
 func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt, cands, matched []int) int {
 	deepest, least := 0, math.MaxInt
 	for _, i := range cands {
@@ -1461,7 +1464,7 @@ func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt,
 		return 0
 	}
 	bt := r.cfg.Prefix.BlockTokens
-	var holders, sent, running, recentWork, cache int64
+	var holders, sent, running, recentWork, cache, learned int64
 	for _, i := range v.eligible {
 		if min(pr.matched[i]*bt, req.Tokens) < deepest {
 			continue
@@ -1473,11 +1476,22 @@ func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt,
 		if size := r.cacheLimit(v.pool, v.pool.targets.Targets[i].ID); size > 0 {
 			recentWork += l.Recent
 			cache += size
+			learned += l.CacheOr(size)
 		}
 	}
+	// A learned cache a tenth below the stated one takes several copies found gone,
+	// not one misjudged chunk (learnCache).
+	evicting := cache > 0 && 10*learned <= 9*cache
+	share := holders + 1
+	if evicting {
+		share = holders
+	}
 	if holders >= int64(maxCopies(len(v.eligible))) ||
-		sent*int64(len(v.eligible)) <= v.total.RecentSent*(holders+1) {
+		sent*int64(len(v.eligible)) <= v.total.RecentSent*share {
 		return 0
+	}
+	if evicting {
+		return deepest
 	}
 	slots := v.slotsSeen
 	if slots <= 0 {
