@@ -368,12 +368,7 @@ func holderOnRank1(t *testing.T, vm types.VMContext, cfg string, seed int64, run
 	h := startHost(t, vm, cfg)
 	rng := rand.New(rand.NewSource(seed))
 	onRank := func(r string) [2]string { return [2]string{"x-data-parallel-rank", r} }
-	system := prose(rng, 16000)
-	id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 800)), onRank("1")))
-	h.stream(id)
-	h.advance(100)
-	h.firstChunk(id)
-	h.endStream(id)
+	system := systemOnRank1(h, rng)
 	for _, r := range []string{"0", "2"} {
 		id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank(r)))
 		h.stream(id)
@@ -388,11 +383,31 @@ func holderOnRank1(t *testing.T, vm types.VMContext, cfg string, seed int64, run
 		held = append(held, id)
 	}
 	h.advance(1000)
-	_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", "s"}))
-	assert.Equal(t, "new-conversation", decision)
+	rank = newConversationOn(t, h, rng, system)
 	for _, id := range held {
 		h.endStream(id)
 	}
+	return rank
+}
+
+// systemOnRank1 computes a system prompt of 16 000 characters, with a question of 800,
+// on rank 1 in 100 ms, and returns the system prompt.
+func systemOnRank1(h *host, rng *rand.Rand) string {
+	system := prose(rng, 16000)
+	id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-data-parallel-rank", "1"}))
+	h.stream(id)
+	h.advance(100)
+	h.firstChunk(id)
+	h.endStream(id)
+	return system
+}
+
+// newConversationOn sends the first turn of a conversation on system and returns the
+// rank it went to.
+func newConversationOn(t *testing.T, h *host, rng *rand.Rand, system string) (rank string) {
+	t.Helper()
+	_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", "s"}))
+	assert.Equal(t, "new-conversation", decision)
 	return rank
 }
 
@@ -444,13 +459,7 @@ func TestFirstTurnsLeaveAHolderThatLosesHistories(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
 				h := startHost(t, vm, cfg)
 				rng := rand.New(rand.NewSource(59))
-				onRank := func(r string) [2]string { return [2]string{"x-data-parallel-rank", r} }
-				system := prose(rng, 16000)
-				id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 800)), onRank("1")))
-				h.stream(id)
-				h.advance(100)
-				h.firstChunk(id)
-				h.endStream(id)
+				system := systemOnRank1(h, rng)
 				for i := 0; i < gone; i++ {
 					doc := prose(rng, 32000)
 					computeOn(t, h, doc, "1", 200)
@@ -462,8 +471,7 @@ func TestFirstTurnsLeaveAHolderThatLosesHistories(t *testing.T) {
 					}
 				}
 				h.advance(1000)
-				_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", "s"}))
-				assert.Equal(t, "new-conversation", decision)
+				rank := newConversationOn(t, h, rng, system)
 				assert.Equal(t, gone < 3, rank == "1", "rank %s", rank)
 			})
 		})
