@@ -1447,7 +1447,7 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 // conversation's later turns to its target, and by its own wait it always keeps a long
 // prompt on its holders: so while they carry more of the pool's recent requests than
 // their share would be with one more holder, and that load costs there (they run as
-// many as an engine has running slots, or their recent work reaches a turnoverShare of
+// many as an engine has running slots, or their recent work reaches 1/turnoverShare of
 // the prefix cache stated for them, evicting their conversations' histories), a copy
 // elsewhere is worth its one prefill. Holders whose first chunks have shown copies gone
 // that their stated cache should have kept are evicting those histories already: any
