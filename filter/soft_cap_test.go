@@ -568,3 +568,40 @@ func TestATurnWhoseHistoryEveryRankHoldsLeavesAtTheSlotCount(t *testing.T) {
 		}
 	})
 }
+
+func TestNewConversationsSpreadByTheTimeTheirWorkTookInFilter(t *testing.T) {
+	// Each of three ranks is sent 8 000 tokens at once (their recent work counts from
+	// the same instant), rank 2 computing them in twice the time of the others: its
+	// work counts twice as long, and new conversations go to ranks 0 and 1. When all
+	// three took the same time, all three take them.
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	for _, slow := range []int{1000, 2000} {
+		t.Run(fmt.Sprint("rank 2 in ", slow, " ms"), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(61))
+				var ids []uint32
+				for _, r := range []string{"0", "1", "2"} {
+					ids = append(ids, openOn(t, h, prose(rng, 32000), r, false))
+				}
+				h.advance(1000)
+				for _, id := range ids[:2] {
+					h.firstChunk(id)
+					h.endStream(id)
+				}
+				h.advance(slow - 1000)
+				h.firstChunk(ids[2])
+				h.endStream(ids[2])
+				h.advance(1000)
+				used := map[string]bool{}
+				for i := 0; i < 6; i++ {
+					_, rank, decision := h.route(post("/v1/chat/completions", chat(prose(rng, 200)), [2]string{"x-session-id", fmt.Sprint("s", i)}))
+					require.Equal(t, "new-conversation", decision)
+					used[rank] = true
+				}
+				assert.Equal(t, slow == 1000, used["2"], "ranks used %v", used)
+				assert.True(t, used["0"] && used["1"], "ranks used %v", used)
+			})
+		})
+	}
+}

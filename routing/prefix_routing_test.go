@@ -310,3 +310,37 @@ func TestRoundRobinFirstTurnsSkipQueuedPrefill(t *testing.T) {
 	}
 	assert.Len(t, used, 3)
 }
+
+// A round-robin first turn spreads by the time the targets' recent prefill work took
+// there: three targets were each sent 40 000 tokens, computed in 1 s on the first two
+// and in 2 s on the third, which is then left out, since its work counts twice as
+// long. Its rate counts only once it has been observed over a second of prefill: in
+// 500 ms against 250, all three take turns.
+func TestRoundRobinFirstTurnsSpreadByTheTimeTheirWorkTook(t *testing.T) {
+	for _, tc := range []struct {
+		fast, slow int64 // ms the 40 000 tokens took
+		used       int
+	}{{1000, 2000, 2}, {1000, 1000, 3}, {250, 500, 3}} {
+		clock := &fakeClock{ms: 1e6}
+		r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
+		for i, tg := range r.DecodeTargets() {
+			took := tc.fast
+			if i == 2 {
+				took = tc.slow
+			}
+			tk, err := r.decode.ledger.AcquireQueued(tg.ID, 40000, 40000, clock.ms, clock.ms)
+			require.NoError(t, err)
+			require.NoError(t, r.decode.ledger.FirstChunk(&tk, clock.ms+took))
+			require.NoError(t, r.decode.ledger.Release(tk, clock.now))
+		}
+		clock.ms += 3000
+		used := map[string]bool{}
+		for i := 0; i < 6; i++ {
+			d := r.Decide(convRequest(fmt.Sprint("c", i)), NoRank)
+			require.Equal(t, KindNewConversation, d.Kind)
+			used[d.Target.Address] = true
+			require.NoError(t, r.Release(d.Ticket))
+		}
+		assert.Len(t, used, tc.used, "%d ms against %d", tc.slow, tc.fast)
+	}
+}

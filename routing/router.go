@@ -422,6 +422,11 @@ func (r *Router) PublishEngineFigures(prefill bool, address string, byRank map[i
 // BENCHMARKS.md has the replays behind it.
 const slotsFullRunning = 16
 
+// minPaceMS is the prefill time a target's own rate must have been observed over
+// before its recent work is counted at it (spreadLoad): a few first chunks misjudge
+// it.
+const minPaceMS = 1000
+
 // slotsMemoryMS is how long a target's running slots, once seen out of them
 // (Load.FullRunning), count for decisions after it was last recorded so (at least
 // every eighth of it while it is seen). An engine's slot count is its configuration
@@ -1512,13 +1517,19 @@ func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt,
 const turnoverShare = 4
 
 // spreadLoad is the load a round-robin first turn spreads over the targets where its
-// first token would come soonest: the target's recent prefill work (Load.Recent), or,
-// once a slot count has been seen (slotsSeen), its requests in flight. The engines'
-// running slots then bind: each of the conversation's later turns takes one while it
+// first token would come soonest: the target's recent prefill work (Load.Recent) as
+// the time it took there, in tokens at the pool's rate (a target that computes at half
+// the pool's rate counts its work twice), or, once a slot count has been seen
+// (slotsSeen), its requests in flight. A slower engine computes each of the
+// conversation's later turns more slowly too, so it takes fewer conversations. The
+// engines' running slots bind instead once seen: each later turn takes one while it
 // decodes, and the target with the fewest in flight is the furthest from its count.
 func (v *poolView) spreadLoad(i int) int64 {
 	if v.slotsSeen > 0 {
 		return v.loads[i].Requests
+	}
+	if l := &v.loads[i]; v.rate > 0 && l.RateMS >= minPaceMS && l.RateTokens > 0 {
+		return int64(float64(l.Recent) * v.rate * float64(l.RateMS) / float64(l.RateTokens))
 	}
 	return v.loads[i].Recent
 }
