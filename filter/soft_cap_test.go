@@ -122,7 +122,8 @@ func TestFirstTurnLeavesATargetOutOfRunningSlots(t *testing.T) {
 	// without the sixteen the replies may just not be streamed: the cached prompt keeps
 	// the turn. Ranks 0 and 2 were sent as many requests lately, so rank 1 carries no
 	// more than its share (a holder over its share running sixteen loses new
-	// conversations anyway: TestFirstTurnsLeaveAHolderOverItsShareAtTheSlots).
+	// conversations anyway: TestFirstTurnsLeaveAHolderOverItsShareAtTheSlots), and
+	// long enough that neither is idle (TestFirstTurnsCopyOntoAnIdleRank).
 	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
 	for _, tc := range []struct {
 		running, waiting int
@@ -141,7 +142,7 @@ func TestFirstTurnLeavesATargetOutOfRunningSlots(t *testing.T) {
 				h.endStream(id)
 				for _, r := range []string{"0", "2"} {
 					for i := 0; i < tc.running+tc.waiting; i++ {
-						id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), [2]string{"x-data-parallel-rank", r}))
+						id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 600)), [2]string{"x-data-parallel-rank", r}))
 						h.stream(id)
 						h.firstChunk(id)
 						h.endStream(id)
@@ -473,6 +474,56 @@ func TestFirstTurnsLeaveAHolderThatLosesHistories(t *testing.T) {
 				h.advance(1000)
 				rank := newConversationOn(t, h, rng, system)
 				assert.Equal(t, gone < 3, rank == "1", "rank %s", rank)
+			})
+		})
+	}
+}
+
+func TestFirstTurnsCopyOntoAnIdleRank(t *testing.T) {
+	// Rank 1 computes a long system prompt and runs four; with a stated cache of
+	// 16 384 tokens it has written over a quarter of it lately. Rank 0 was sent five
+	// prompts of about 600 tokens, rank 2 one or two: rank 1 carries more than its own
+	// share of the requests (5 of 11 or 12), not more than its share with one more
+	// holder. While rank 2's one prompt is short, rank 2 runs nothing and has computed
+	// almost nothing: it is idle, and a new conversation on the prompt computes it
+	// there. While that prompt is over half the system prompt's length, or rank 2 still
+	// runs two short ones (half as many as rank 1), no rank is idle, and the
+	// conversation stays on rank 1.
+	cfg := `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":16384},` +
+		`"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	for _, tc := range []struct {
+		rank2Chars, rank2Running int
+		want                     string
+	}{{100, 0, "2"}, {10000, 0, "1"}, {100, 2, "1"}} {
+		t.Run(fmt.Sprint("rank 2 sent ", tc.rank2Chars, " characters, runs ", tc.rank2Running), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(61))
+				system := systemOnRank1(h, rng)
+				for i := 0; i < 5; i++ {
+					computeOn(t, h, prose(rng, 2400), "0", 10)
+				}
+				var held []uint32
+				if tc.rank2Running == 0 {
+					computeOn(t, h, prose(rng, tc.rank2Chars), "2", 10)
+				}
+				for i := 0; i < tc.rank2Running; i++ {
+					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, tc.rank2Chars)), [2]string{"x-data-parallel-rank", "2"}))
+					h.stream(id)
+					h.firstChunk(id)
+					held = append(held, id)
+				}
+				for i := 0; i < 4; i++ {
+					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), [2]string{"x-data-parallel-rank", "1"}))
+					h.stream(id)
+					h.firstChunk(id)
+					held = append(held, id)
+				}
+				h.advance(1000)
+				assert.Equal(t, tc.want, newConversationOn(t, h, rng, system))
+				for _, id := range held {
+					h.endStream(id)
+				}
 			})
 		})
 	}

@@ -12,14 +12,25 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// busyPrefill is the uncached tokens of each request shareCase sends a target that
+// does not hold the prompt: four or more make it work lately at least half the
+// prompt, so it is not idle (idleCandidate).
+const busyPrefill = 300
+
 // shareCase is a pool of endpoints × dp targets of which the first holders hold a
 // system prompt of about 2000 tokens. Each holder first computes written tokens (one
 // request, sent and done, its first chunk 100 ms later), then is sent gone requests
 // whose first chunks show a copy of 2000 tokens gone (the whole prompt's time at that
 // rate), then records the prompt and is sent running requests, still in flight; every
-// other target is sent busy requests, done. It returns the targets and where a new
-// conversation on the prompt goes.
+// other target is sent busy requests of busyPrefill uncached tokens, done. It returns
+// the targets and where a new conversation on the prompt goes.
 func shareCase(t *testing.T, endpoints, dp, holders, running, busy, gone int, written int64, extra string) (ts []Target, got Target) {
+	t.Helper()
+	return shareCaseIdle(t, endpoints, dp, holders, running, busy, gone, 0, written, extra)
+}
+
+// shareCaseIdle is shareCase with the last idle targets sent nothing.
+func shareCaseIdle(t *testing.T, endpoints, dp, holders, running, busy, gone, idle int, written int64, extra string) (ts []Target, got Target) {
 	t.Helper()
 	js := `{"pools":{"decode":{"endpoints":[`
 	for e := 0; e < endpoints; e++ {
@@ -61,8 +72,8 @@ func shareCase(t *testing.T, endpoints, dp, holders, running, busy, gone int, wr
 			}
 			continue
 		}
-		for k := 0; k < busy; k++ {
-			tk, err := l.Acquire(tg.ID, 100, clock.ms)
+		for k := 0; k < busy && j < len(ts)-idle; k++ {
+			tk, err := l.AcquireQueued(tg.ID, 400, busyPrefill, clock.ms, clock.ms)
 			require.NoError(t, err)
 			require.NoError(t, l.Release(tk, clock.now))
 		}
@@ -146,5 +157,25 @@ func TestFirstTurnsLeaveHoldersThatLoseHistories(t *testing.T) {
 	}{{0, true}, {2, true}, {3, false}} {
 		ts, got := shareCase(t, 3, 1, 1, 4, 4, tc.gone, 3000, `,"prefix":{"target_cache_tokens":100000}`)
 		assert.Equal(t, tc.held, heldBy(ts, 1, got), "%d copies found gone", tc.gone)
+	}
+}
+
+// While a target that holds nothing of the prompt is idle (it runs few and has computed
+// little lately), holders that carry more than their own share lose the first turns
+// at a load that costs there, though not their share with one more holder: the copy
+// puts an idle cache to work. Each holder has written a quarter of its cache and was
+// sent 5 requests; each busy target was sent 4 or 5 of 300 uncached tokens, the idle
+// one none. A copy that would make a fourth holder in a pool of 8 would fill the
+// prompt's index entry, so three holders keep the turn.
+func TestFirstTurnsCopyOntoAnIdleTarget(t *testing.T) {
+	for _, tc := range []struct {
+		endpoints, dp, holders, busy, idle int
+		held                               bool
+	}{{4, 1, 1, 4, 0, true}, {4, 1, 1, 4, 1, false}, {4, 2, 2, 5, 1, false}, {4, 2, 3, 5, 1, true}} {
+		ts, got := shareCaseIdle(t, tc.endpoints, tc.dp, tc.holders, 4, tc.busy, 0, tc.idle, 3000, `,"prefix":{"target_cache_tokens":12000}`)
+		assert.Equal(t, tc.held, heldBy(ts, tc.holders, got), "%+v", tc)
+		if !tc.held {
+			assert.Equal(t, ts[len(ts)-1], got, "the idle target takes it")
+		}
 	}
 }

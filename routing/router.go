@@ -1456,10 +1456,12 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 // the prefix cache stated for them, evicting their conversations' histories), a copy
 // elsewhere is worth its one prefill. Holders whose first chunks have shown copies gone
 // that their stated cache should have kept are evicting those histories already: any
-// share over theirs is too much there. The holders are counted over every eligible
-// target, the slot filter's too. A size learned from first chunks is not compared with
-// the recent work (early on it can be far too small): only its fall below the stated
-// one counts, as evidence.
+// share over theirs is too much there. Any is too much, too, while a candidate is idle
+// (idleCandidate) and a copy would not make as many holders as copies by demand do
+// (maxCopies, past which the index counts the prompt as held by every target). The
+// holders are counted over every eligible target, the slot filter's too. A size
+// learned from first chunks is not compared with the recent work (early on it can be
+// far too small): only its fall below the stated one counts, as evidence.
 func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt, cands, matched []int) int {
 	deepest, least := 0, math.MaxInt
 	for _, i := range cands {
@@ -1469,6 +1471,7 @@ func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt,
 		return 0
 	}
 	bt := r.cfg.Prefix.BlockTokens
+	copies := int64(maxCopies(len(v.eligible)))
 	var holders, sent, running, recentWork, cache, learned int64
 	for _, i := range v.eligible {
 		if min(pr.matched[i]*bt, req.Tokens) < deepest {
@@ -1488,11 +1491,10 @@ func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt,
 	// not one misjudged chunk (learnCache).
 	evicting := cache > 0 && 10*learned <= 9*cache
 	share := holders + 1
-	if evicting {
+	if evicting || holders+1 < copies && idleCandidate(v, pr, cands, deepest, bt, running/holders) {
 		share = holders
 	}
-	if holders >= int64(maxCopies(len(v.eligible))) ||
-		sent*int64(len(v.eligible)) <= v.total.RecentSent*share {
+	if holders >= copies || sent*int64(len(v.eligible)) <= v.total.RecentSent*share {
 		return 0
 	}
 	if evicting {
@@ -1506,6 +1508,21 @@ func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt,
 		return deepest
 	}
 	return 0
+}
+
+// idleCandidate reports whether some candidate that does not hold the deepest match
+// is idle: it runs under half as many requests as a holder does on average (perHolder),
+// and its recent work (Load.Recent) is under half the match's tokens, so it has
+// computed nothing of the prompt's size lately and its cache serves no one. A target
+// that has just taken a copy of another prompt of that size is not idle, so idle
+// targets take one prompt's copy each, not every prompt's at once.
+func idleCandidate(v *poolView, pr *prompt, cands []int, deepest, bt int, perHolder int64) bool {
+	for _, i := range cands {
+		if pr.matched[i]*bt < deepest && 2*v.loads[i].Requests < perHolder && v.loads[i].Recent < int64(deepest/2) {
+			return true
+		}
+	}
+	return false
 }
 
 // turnoverShare: holders whose recent work (Load.Recent, the uncached tokens sent
