@@ -378,10 +378,7 @@ func holderOnRank1(t *testing.T, vm types.VMContext, cfg string, seed int64, run
 	}
 	var held []uint32
 	for i := 0; i < running; i++ {
-		id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank("1")))
-		h.stream(id)
-		h.firstChunk(id)
-		held = append(held, id)
+		held = append(held, decodingOn(h, prose(rng, 100), "1"))
 	}
 	h.advance(1000)
 	rank = newConversationOn(t, h, rng, system)
@@ -389,6 +386,15 @@ func holderOnRank1(t *testing.T, vm types.VMContext, cfg string, seed int64, run
 		h.endStream(id)
 	}
 	return rank
+}
+
+// decodingOn sends a chat of content on rank and streams it past its first chunk: the
+// reply is decoding there until the stream it returns ends.
+func decodingOn(h *host, content, rank string) uint32 {
+	id, _ := h.send(post("/v1/chat/completions", chat(content), [2]string{"x-data-parallel-rank", rank}))
+	h.stream(id)
+	h.firstChunk(id)
+	return id
 }
 
 // systemOnRank1 computes a system prompt of 16 000 characters, with a question of 800,
@@ -508,16 +514,10 @@ func TestFirstTurnsCopyOntoAnIdleRank(t *testing.T) {
 					computeOn(t, h, prose(rng, tc.rank2Chars), "2", 10)
 				}
 				for i := 0; i < tc.rank2Running; i++ {
-					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, tc.rank2Chars)), [2]string{"x-data-parallel-rank", "2"}))
-					h.stream(id)
-					h.firstChunk(id)
-					held = append(held, id)
+					held = append(held, decodingOn(h, prose(rng, tc.rank2Chars), "2"))
 				}
 				for i := 0; i < 4; i++ {
-					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), [2]string{"x-data-parallel-rank", "1"}))
-					h.stream(id)
-					h.firstChunk(id)
-					held = append(held, id)
+					held = append(held, decodingOn(h, prose(rng, 100), "1"))
 				}
 				h.advance(1000)
 				assert.Equal(t, tc.want, newConversationOn(t, h, rng, system))
