@@ -44,8 +44,33 @@ func (m *wasmModule) load(t testing.TB) types.VMContext {
 
 func compiledVM(t testing.TB) types.VMContext { return shipped.load(t) }
 
+// freshVM is the compiled wasm in a wazero runtime of its own, closed when the test
+// ends. Its clock starts at wazero's fake epoch; the shared module's clock reaches a
+// point that depends on the tests run before.
+func freshVM(t testing.TB) types.VMContext {
+	bin, err := os.ReadFile(shipped.path)
+	if err != nil {
+		t.Fatalf("the compiled module is needed for wasm-mode tests (run `%s`): %v", shipped.make, err)
+	}
+	vm, err := proxytest.NewWasmVMContext(bin)
+	require.NoError(t, err)
+	t.Cleanup(func() { vm.Close() })
+	return vm
+}
+
 // bothVMs runs fn once with the Go plugin and once with the compiled wasm.
 func bothVMs(t *testing.T, fn func(t *testing.T, vm types.VMContext)) {
+	bothVMsOn(t, compiledVM, fn)
+}
+
+// bothFreshVMs is bothVMs with the wasm in a fresh runtime (freshVM): for a test whose
+// outcome depends on where the clock falls in a span of absolute time, such as the
+// recent work's half-life, which the recent work halves at the end of.
+func bothFreshVMs(t *testing.T, fn func(t *testing.T, vm types.VMContext)) {
+	bothVMsOn(t, freshVM, fn)
+}
+
+func bothVMsOn(t *testing.T, wasm func(testing.TB) types.VMContext, fn func(t *testing.T, vm types.VMContext)) {
 	t.Run("go", func(t *testing.T) {
 		// The Go plugin runs on a test clock that advance moves.
 		saved := nowMS
@@ -54,7 +79,7 @@ func bothVMs(t *testing.T, fn func(t *testing.T, vm types.VMContext)) {
 		defer func() { nowMS = saved }()
 		fn(t, &vmContext{})
 	})
-	t.Run("wasm", func(t *testing.T) { fn(t, compiledVM(t)) })
+	t.Run("wasm", func(t *testing.T) { fn(t, wasm(t)) })
 }
 
 var goClock int64
