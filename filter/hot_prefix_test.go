@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/prefix"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -234,12 +235,13 @@ func TestAStalledHolderHasItsPrefixCopiedInFilter(t *testing.T) {
 }
 
 // TestEveryReplicaCopiesAPrefixOntoTheSameTargetsInFilter: three gateway replicas,
-// which share nothing, each see a burst on the same document over eight ranks (each
-// computed it first on a rank of its own). All copy it onto the four ranks the
-// document's hash ranks first, so their copies land on the same few ranks.
+// which share nothing, each see a burst on the same document over twice as many ranks
+// as an index entry names (each computed it first on a rank of its own). All copy it
+// onto the ranks the document's hash ranks first, as many as an entry names, so
+// their copies land on the same few ranks.
 func TestEveryReplicaCopiesAPrefixOntoTheSameTargetsInFilter(t *testing.T) {
-	const cfg = `{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
-		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":8}]}}}`
+	cfg := fmt.Sprintf(`{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":%d}]}}}`, 2*prefix.TargetsPerEntry)
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		rng := rand.New(rand.NewSource(42))
 		doc := prose(rng, 32000)
@@ -260,16 +262,18 @@ func TestEveryReplicaCopiesAPrefixOntoTheSameTargetsInFilter(t *testing.T) {
 			})
 		}
 		assert.NotEmpty(t, copies)
-		assert.LessOrEqual(t, len(copies), 4, "the replicas' copies: %v", copies)
+		assert.LessOrEqual(t, len(copies), prefix.TargetsPerEntry, "the replicas' copies: %v", copies)
 	})
 }
 
 // TestCopiesByDemandStopBeforeTheEntryFillsInALargePoolInFilter: a burst far beyond
-// what any number of holders keeps up with is copied until it has 4 holders over 8
-// ranks, as many as its index entry names, and 3 over 16, since a full entry counts
-// as held on every rank and the burst would then spread over all 16.
+// what any number of holders keeps up with is copied until it has as many holders as
+// its index entry names over twice that many ranks, and one fewer over four times
+// that many, since a full entry counts as held on every rank and the burst would
+// then spread over all of them.
 func TestCopiesByDemandStopBeforeTheEntryFillsInALargePoolInFilter(t *testing.T) {
-	for _, tc := range []struct{ ranks, holders int }{{8, 4}, {16, 3}} {
+	const w = prefix.TargetsPerEntry
+	for _, tc := range []struct{ ranks, holders int }{{2 * w, w}, {4 * w, w - 1}} {
 		t.Run(fmt.Sprint(tc.ranks), func(t *testing.T) {
 			cfg := fmt.Sprintf(`{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
 				"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":%d}]}}}`, tc.ranks)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/prefix"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -364,7 +365,7 @@ func TestAHistoryGoneBehindARefreshedHeadTeachesTheCacheInFilter(t *testing.T) {
 	}{
 		{"the same rank", 16000, 2, nil, 16000, 15200},
 		{"the same rank, a young copy", 20000, 2, nil, 20000, 20000},
-		{"four other ranks", 16000, 6, []string{"1", "2", "3", "4"}, 16000, 15200},
+		{"as many other ranks as an entry names", 16000, prefix.TargetsPerEntry + 2, everyRankFrom1(prefix.TargetsPerEntry), 16000, 15200},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
@@ -388,4 +389,13 @@ func TestAHistoryGoneBehindARefreshedHeadTeachesTheCacheInFilter(t *testing.T) {
 			})
 		})
 	}
+}
+
+// everyRankFrom1 is the ranks 1 to n.
+func everyRankFrom1(n int) []string {
+	ranks := make([]string, n)
+	for i := range ranks {
+		ranks[i] = fmt.Sprint(i + 1)
+	}
+	return ranks
 }

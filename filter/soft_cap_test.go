@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/kvroute/kvroute/routing/prefix"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -532,14 +533,17 @@ func TestFirstTurnsCopyOntoAnIdleRank(t *testing.T) {
 }
 
 func TestFirstTurnsMakeNoMoreHoldersThanCopiesByDemand(t *testing.T) {
-	// Ten ranks. Ranks 1 and 2, or 1 to 3, each computed a long system prompt and run
-	// sixteen, over their share and at an engine's running slots; the others were sent
-	// one each. A new conversation on the prompt is computed again on a fresh rank
-	// while two hold it, and not while three do: in a pool of more than eight a
-	// fourth holder would fill the prompt's index entry, which counts it as held by
-	// every rank.
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":10}]}}}`
-	for _, holders := range []int{2, 3} {
+	// Four more ranks than twice what an index entry names. The ranks from 1 each
+	// computed a long system prompt and run sixteen, over their share and at an
+	// engine's running slots; the others were sent one each. A new conversation on
+	// the prompt is computed again on a fresh rank while two fewer than an entry
+	// names hold it, and not while one fewer does: in a pool that size one more
+	// holder would fill the prompt's index entry, which counts it as held by every
+	// rank.
+	const w = prefix.TargetsPerEntry
+	ranks := 2*w + 4
+	cfg := fmt.Sprintf(`{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":%d}]}}}`, ranks)
+	for _, holders := range []int{w - 2, w - 1} {
 		t.Run(fmt.Sprint(holders, " holders"), func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
 				h := startHost(t, vm, cfg)
@@ -547,7 +551,7 @@ func TestFirstTurnsMakeNoMoreHoldersThanCopiesByDemand(t *testing.T) {
 				onRank := func(r int) [2]string { return [2]string{"x-data-parallel-rank", fmt.Sprint(r)} }
 				system := prose(rng, 16000)
 				var held []uint32
-				for r := 0; r < 10; r++ {
+				for r := 0; r < ranks; r++ {
 					holds := r >= 1 && r <= holders
 					text := prose(rng, 100)
 					if holds {
@@ -570,7 +574,7 @@ func TestFirstTurnsMakeNoMoreHoldersThanCopiesByDemand(t *testing.T) {
 				assert.Equal(t, "new-conversation", decision)
 				n, err := strconv.Atoi(rank)
 				require.NoError(t, err)
-				assert.Equal(t, holders == 3, n >= 1 && n <= holders, "rank %s", rank)
+				assert.Equal(t, holders == w-1, n >= 1 && n <= holders, "rank %s", rank)
 				for _, id := range held {
 					h.endStream(id)
 				}

@@ -132,14 +132,16 @@ func TestFirstTurnsLeaveHoldersThatTurnTheirCacheOver(t *testing.T) {
 	}
 }
 
-// In a pool of more than eight targets the holders are not made more than three this
-// way: a fourth would fill the index entry, which counts the prompt as held everywhere.
+// In a pool of more than twice as many targets as an index entry names the holders are
+// not made one fewer than it names this way: one more would fill the index entry,
+// which counts the prompt as held everywhere.
 func TestFirstTurnsMakeNoMoreHoldersThanCopiesByDemand(t *testing.T) {
+	const w = prefix.TargetsPerEntry
 	for _, tc := range []struct {
 		holders int
 		held    bool
-	}{{2, false}, {3, true}} {
-		ts, got := shareCase(t, 5, 2, tc.holders, 16, 1, 0, 1000, "")
+	}{{w - 2, false}, {w - 1, true}} {
+		ts, got := shareCase(t, w+2, 2, tc.holders, 16, 1, 0, 1000, "")
 		assert.Equal(t, tc.held, heldBy(ts, tc.holders, got), "%d holders", tc.holders)
 	}
 }
@@ -165,13 +167,14 @@ func TestFirstTurnsLeaveHoldersThatLoseHistories(t *testing.T) {
 // at a load that costs there, though not their share with one more holder: the copy
 // puts an idle cache to work. Each holder has written a quarter of its cache and was
 // sent 5 requests; each busy target was sent 4 or 5 of 300 uncached tokens, the idle
-// one none. A copy that would make a fourth holder in a pool of 8 would fill the
-// prompt's index entry, so three holders keep the turn.
+// one none. In a pool of 12, a copy that would make as many holders as an index entry
+// names would fill it, so one holder fewer keeps the turn.
 func TestFirstTurnsCopyOntoAnIdleTarget(t *testing.T) {
+	const w = prefix.TargetsPerEntry
 	for _, tc := range []struct {
 		endpoints, dp, holders, busy, idle int
 		held                               bool
-	}{{4, 1, 1, 4, 0, true}, {4, 1, 1, 4, 1, false}, {4, 2, 2, 5, 1, false}, {4, 2, 3, 5, 1, true}} {
+	}{{4, 1, 1, 4, 0, true}, {4, 1, 1, 4, 1, false}, {4, 2, 2, 5, 1, false}, {6, 2, w - 2, 5, 1, false}, {6, 2, w - 1, 5, 1, true}} {
 		ts, got := shareCaseIdle(t, tc.endpoints, tc.dp, tc.holders, 4, tc.busy, 0, tc.idle, 3000, `,"prefix":{"target_cache_tokens":12000}`)
 		assert.Equal(t, tc.held, heldBy(ts, tc.holders, got), "%+v", tc)
 		if !tc.held {

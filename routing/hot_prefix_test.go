@@ -135,11 +135,12 @@ func TestEveryReplicaCopiesAPrefixOntoTheSameTargets(t *testing.T) {
 }
 
 func TestCopiesByDemandStopBeforeTheEntryFillsInALargePool(t *testing.T) {
-	// A burst far beyond what any number of holders keeps up with. In a pool of 8
-	// targets it is copied until it has 4 holders, as many as its index entry names;
-	// in a pool of 16 it stops at 3, since a full entry counts as held on every
-	// target and the burst would then spread over all 16.
-	for _, c := range []struct{ pool, holders int }{{8, 4}, {16, 3}} {
+	// A burst far beyond what any number of holders keeps up with. In a pool twice
+	// the size of an index entry it is copied until it has as many holders as the
+	// entry names; in a pool four times that size it stops one short, since a full
+	// entry counts as held on every target and the burst would then spread over all.
+	const w = prefix.TargetsPerEntry
+	for _, c := range []struct{ pool, holders int }{{2 * w, w}, {4 * w, w - 1}} {
 		t.Run(fmt.Sprint(c.pool), func(t *testing.T) {
 			rng := rand.New(rand.NewSource(34))
 			doc := words(rng, 8000)
@@ -161,15 +162,16 @@ func TestCopiesByDemandStopBeforeTheEntryFillsInALargePool(t *testing.T) {
 }
 
 func TestAPrefixInDemandWithEveryPlaceAtTheCap(t *testing.T) {
-	// Eight targets at fair_share_multiplier 1. The document's holder and the four
-	// targets its hash ranks first each have two requests of other prompts: all are
-	// at the cap. A burst of requests that each add three times the document's tokens
-	// (the document too small a share of them for its holder to take them as
-	// continuations) goes to the other targets.
+	// Twice as many targets as an index entry names, at fair_share_multiplier 1. The
+	// document's holder and the targets its hash ranks first (as many as an entry
+	// names) each have two requests of other prompts: all are at the cap. A burst of
+	// requests that each add three times the document's tokens (the document too
+	// small a share of them for its holder to take them as continuations) goes to
+	// the other targets.
 	rng := rand.New(rand.NewSource(33))
 	doc := words(rng, 8000)
 	clock := &fakeClock{ms: 1e6}
-	r := NewRouter(eightTargets(t, 1), state.NewMemoryStore(), clock.now)
+	r := NewRouter(targets(t, 2*prefix.TargetsPerEntry, 1), state.NewMemoryStore(), clock.now)
 	first := r.Decide(textRequest(doc, 1), NoRank)
 	clock.ms += 200
 	require.NoError(t, r.FirstChunk(&first.Ticket))

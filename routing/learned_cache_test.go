@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"fmt"
 	"math/rand"
 	"strconv"
 	"testing"
@@ -336,14 +337,14 @@ func TestAYoungCopyIsJudgedWhole(t *testing.T) {
 }
 
 func TestAHistoryGoneBehindASystemPromptHeldEverywhereTeachesTheCache(t *testing.T) {
-	// Six targets, a cache of 16000 stated. X computes a 2000-token system prompt
-	// and a 2000-token history, then 2080 tokens of other work; four other targets
-	// record the system prompt since, so its entry names them and no longer X: it is
-	// taken to be held everywhere. The history's continuation on X vouches for the
-	// tail past it, and a first chunk in the tail's time teaches the cache.
-	cfg, err := config.ParseConfig([]byte(`{"balance":{"fair_share_multiplier":100},"prefix":{"target_cache_tokens":16000},"pools":{"decode":{"endpoints":[
-		{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},{"address":"10.0.0.3:8000"},
-		{"address":"10.0.0.4:8000"},{"address":"10.0.0.5:8000"},{"address":"10.0.0.6:8000"}]}}}`))
+	// Two more targets than an index entry names, a cache of 16000 stated. X computes
+	// a 2000-token system prompt and a 2000-token history, then 2080 tokens of other
+	// work; as many other targets as an entry names record the system prompt since,
+	// so its entry names them and no longer X: it is taken to be held everywhere. The
+	// history's continuation on X vouches for the tail past it, and a first chunk in
+	// the tail's time teaches the cache.
+	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`{"balance":{"fair_share_multiplier":100},"prefix":{"target_cache_tokens":16000},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":%d}]}}}`, prefix.TargetsPerEntry+2)))
 	require.NoError(t, err)
 	clock := &fakeClock{ms: 1e6}
 	r := NewRouter(&cfg, state.NewMemoryStore(), clock.now)
@@ -363,7 +364,7 @@ func TestAHistoryGoneBehindASystemPromptHeldEverywhereTeachesTheCache(t *testing
 	cps, _ := prefix.HashCheckpoints(req.Model, req.Prompt, req.BlockBytes, nil)
 	recorded := 0
 	for _, tg := range r.DecodeTargets() {
-		if tg.ID != x && recorded < 4 {
+		if tg.ID != x && recorded < prefix.TargetsPerEntry {
 			r.decode.index.Record(cps, tg.ID, 0, 0)
 			recorded++
 		}

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"fmt"
 	"math/rand"
 	"testing"
 
@@ -82,17 +83,19 @@ func TestAHolderThatKeepsUsingItsCopyKeepsIt(t *testing.T) {
 }
 
 func TestAPrefixEveryEntrySlotHoldsCountsAsHeldByAll(t *testing.T) {
-	// Six targets; a system prompt is recorded on four (as many as an entry names),
-	// each of which carries a little load. A new request with that system prompt
-	// goes to an idle target: a prefix that popular is taken to be cached everywhere
-	// rather than sending every such request to the four the entry happens to name.
-	// With the prompt on three targets only, the named holders' cache wins.
-	js := `{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":6}]}},"balance":{"fair_share_multiplier":100}}`
+	// Two more targets than an index entry names; a system prompt is recorded on as
+	// many as it names, each of which carries a little load. A new request with that
+	// system prompt goes to an idle target: a prefix that popular is taken to be
+	// cached everywhere rather than sending every such request to the few the entry
+	// happens to name. With the prompt on one target fewer, the named holders'
+	// cache wins.
+	const w = prefix.TargetsPerEntry
+	js := fmt.Sprintf(`{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":%d}]}},"balance":{"fair_share_multiplier":100}}`, w+2)
 	cfg, err := config.ParseConfig([]byte(js))
 	require.NoError(t, err)
 	rng := rand.New(rand.NewSource(9))
 	system := words(rng, 4000)
-	for _, holders := range []int{4, 3} {
+	for _, holders := range []int{w, w - 1} {
 		r := NewRouter(&cfg, state.NewMemoryStore(), (&fakeClock{ms: 1e6}).now)
 		ts := r.DecodeTargets()
 		named := map[uint64]bool{}
@@ -105,10 +108,10 @@ func TestAPrefixEveryEntrySlotHoldsCountsAsHeldByAll(t *testing.T) {
 			named[ts[i].ID] = true
 		}
 		d := r.Decide(textRequest(system+words(rng, 4000), 1), NoRank)
-		if holders == 4 {
+		if holders == w {
 			assert.False(t, named[d.Target.ID], "an idle target: the system prompt counts as cached there too")
 		} else {
-			assert.True(t, named[d.Target.ID], "three named holders: the cache there wins")
+			assert.True(t, named[d.Target.ID], "one named holder fewer: the cache there wins")
 		}
 		assert.Equal(t, KindPrefix, d.Kind)
 	}

@@ -289,16 +289,20 @@ func TestPrefixIndexKeepsMostRecentTargets(t *testing.T) {
 	x := NewPrefixIndex(state.NewMemoryStore(), "ns", "decode", 1024, 8)
 	p := make([]byte, 8*40)
 	cps, _ := HashCheckpoints("m", p, 8, nil)
-	for tg := uint64(1); tg <= 6; tg++ {
+	n := uint64(TargetsPerEntry + 2)
+	for tg := uint64(1); tg <= n; tg++ {
 		x.Record(cps, tg, 0, 0)
 	}
 	got := x.Match(cps, func(uint32) bool { return true })
-	var ts []uint32
+	var ts, want []uint32
 	for _, m := range got {
 		ts = append(ts, m.Target)
 		assert.Equal(t, 40, m.Blocks)
 	}
-	assert.ElementsMatch(t, []uint32{3, 4, 5, 6}, ts)
+	for tg := uint32(3); tg <= uint32(n); tg++ {
+		want = append(want, tg)
+	}
+	assert.ElementsMatch(t, want, ts, "all but the two first recorded")
 }
 
 func TestPrefixIndexIsSharedBetweenVMsOnTheTick(t *testing.T) {

@@ -2,7 +2,7 @@ package prefix
 
 // prefixTable is a VM's own copy of a pool's prefix index: a set-associative table of
 // checkpoint entries (8 ways a set, least recently recorded evicted), each keeping the
-// 4 targets that most recently served its prefix. It is plain memory: a lookup or a
+// 8 targets that most recently served its prefix. It is plain memory: a lookup or a
 // record costs no host call. PrefixIndex keeps the copies of all VMs in step through
 // shared data.
 type prefixTable struct {
@@ -13,8 +13,12 @@ type prefixTable struct {
 }
 
 const (
-	prefixWays            = 8
-	prefixTargetsPerEntry = 4
+	prefixWays = 8
+	// An entry that names as many holders as it can counts its prefix as held by
+	// every target (PrefixSearch.CommonDepth). Eight tell a pool of up to 8 targets
+	// (4 engines of 2 ranks) that holds a prefix on some of them from one that holds
+	// it on all.
+	prefixTargetsPerEntry = 8
 	// TargetsPerEntry is how many holders a prefix's entry names at most.
 	TargetsPerEntry = prefixTargetsPerEntry
 )

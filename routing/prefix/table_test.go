@@ -22,16 +22,30 @@ func TestPrefixTableRefreshesAClockThatMovedOn(t *testing.T) {
 	assert.False(t, recordOne(tab, 1, 7, 100, 0), "refresh 0: clocks are never news")
 	assert.Equal(t, uint32(100), tab.find(1).clocks[0])
 	assert.True(t, recordOne(tab, 1, 8, 5, 0), "a new first target")
-	assert.Equal(t, [4]uint32{8, 7}, tab.find(1).targets)
-	assert.Equal(t, [4]uint32{5, 100}, tab.find(1).clocks, "clocks move with their targets")
-	assert.True(t, recordOne(tab, 1, 9, 6, 0))
-	assert.True(t, recordOne(tab, 1, 10, 7, 0))
-	assert.True(t, recordOne(tab, 1, 11, 8, 0), "a fifth target drops the oldest")
-	assert.Equal(t, [4]uint32{11, 10, 9, 8}, tab.find(1).targets)
-	assert.Equal(t, [4]uint32{8, 7, 6, 5}, tab.find(1).clocks)
+	assert.Equal(t, []uint32{8, 7, 0}, tab.find(1).targets[:3])
+	assert.Equal(t, []uint32{5, 100, 0}, tab.find(1).clocks[:3], "clocks move with their targets")
+	// Targets 9 on, each at its number less 3, fill the entry; one more drops the
+	// oldest, 7.
+	last := uint32(8 + prefixTargetsPerEntry - 1)
+	for tg := uint32(9); tg < last; tg++ {
+		assert.True(t, recordOne(tab, 1, tg, tg-3, 0))
+	}
+	assert.Equal(t, uint32(7), tab.find(1).targets[prefixTargetsPerEntry-1], "full")
+	assert.True(t, recordOne(tab, 1, last, last-3, 0), "one more target drops the oldest")
+	var targets, clocks [prefixTargetsPerEntry]uint32
+	for s := range targets {
+		targets[s] = last - uint32(s)
+		clocks[s] = targets[s] - 3
+	}
+	assert.Equal(t, targets, tab.find(1).targets)
+	assert.Equal(t, clocks, tab.find(1).clocks)
 	assert.True(t, recordOne(tab, 1, 9, 9, 0), "a known target moves first")
-	assert.Equal(t, [4]uint32{9, 11, 10, 8}, tab.find(1).targets)
-	assert.Equal(t, [4]uint32{9, 8, 7, 5}, tab.find(1).clocks)
+	// 9 was next to last: the ones before it move down one.
+	copy(targets[1:], targets[:prefixTargetsPerEntry-2])
+	copy(clocks[1:], clocks[:prefixTargetsPerEntry-2])
+	targets[0], clocks[0] = 9, 9
+	assert.Equal(t, targets, tab.find(1).targets)
+	assert.Equal(t, clocks, tab.find(1).clocks)
 }
 
 // referenceRecord is the plain record of one hash that record must match: found, the
