@@ -364,15 +364,16 @@ func TestALateTargetRunningFewerThanAnotherIsNotFull(t *testing.T) {
 
 // holderOnRank1 starts a host of one endpoint with three trusted ranks: rank 1
 // computes a long system prompt and runs running requests past their first chunk,
-// ranks 0 and 2 were sent one each. It returns where a new conversation on the prompt
-// goes, after ending every stream.
+// ranks 0 and 2 were sent one each, of 10 000 characters: more than half the prompt,
+// so neither is idle. It returns where a new conversation on the prompt goes, after
+// ending every stream.
 func holderOnRank1(t *testing.T, vm types.VMContext, cfg string, seed int64, running int) (rank string) {
 	h := startHost(t, vm, cfg)
 	rng := rand.New(rand.NewSource(seed))
 	onRank := func(r string) [2]string { return [2]string{"x-data-parallel-rank", r} }
 	system := systemOnRank1(h, rng)
 	for _, r := range []string{"0", "2"} {
-		id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank(r)))
+		id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 10000)), onRank(r)))
 		h.stream(id)
 		h.firstChunk(id)
 		h.endStream(id)
@@ -489,23 +490,27 @@ func TestFirstTurnsLeaveAHolderThatLosesHistories(t *testing.T) {
 }
 
 func TestFirstTurnsCopyOntoAnIdleRank(t *testing.T) {
-	// Rank 1 computes a long system prompt and runs four; with a stated cache of
-	// 16 384 tokens it has written over a quarter of it lately. Rank 0 was sent five
-	// prompts of about 600 tokens, rank 2 one or two: rank 1 carries more than its own
-	// share of the requests (5 of 11 or 12), not more than its share with one more
-	// holder. While rank 2's one prompt is short, rank 2 runs nothing and has computed
-	// almost nothing: it is idle, and a new conversation on the prompt computes it
-	// there. While that prompt is over half the system prompt's length, or rank 2 still
-	// runs two short ones (half as many as rank 1), no rank is idle, and the
-	// conversation stays on rank 1.
-	cfg := `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":16384},` +
-		`"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	// Rank 1 computes a long system prompt and runs four; it has written about 4 300
+	// tokens lately, over a quarter of a stated cache of 16 384 tokens and over an
+	// eighth of 32 768. Rank 0 was sent five prompts of about 600 tokens, rank 2 one
+	// or two: rank 1 carries more than its own share of the requests (5 of 11 or 12),
+	// not more than its share with one more holder. While rank 2's one prompt is
+	// short, rank 2 runs nothing and has computed almost nothing: it is idle, and a
+	// new conversation on the prompt computes it there, where the holder's load
+	// costs at half what it does otherwise (an eighth of the cache, not a quarter);
+	// with a cache of 40 000 it stays. While rank 2's prompt is over half the system
+	// prompt's length, or rank 2 still runs two short ones (half as many as rank 1),
+	// no rank is idle, and the conversation stays on rank 1. (The recent work halves
+	// at the end of each span of absolute time: the wasm runs on a clock of its own.)
 	for _, tc := range []struct {
-		rank2Chars, rank2Running int
-		want                     string
-	}{{100, 0, "2"}, {10000, 0, "1"}, {100, 2, "1"}} {
-		t.Run(fmt.Sprint("rank 2 sent ", tc.rank2Chars, " characters, runs ", tc.rank2Running), func(t *testing.T) {
-			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		cache, rank2Chars, rank2Running int
+		want                            string
+	}{{16384, 100, 0, "2"}, {32768, 100, 0, "2"}, {40000, 100, 0, "1"}, {16384, 10000, 0, "1"}, {16384, 100, 2, "1"}} {
+		name := fmt.Sprint("cache ", tc.cache, ", rank 2 sent ", tc.rank2Chars, " characters, runs ", tc.rank2Running)
+		t.Run(name, func(t *testing.T) {
+			cfg := fmt.Sprintf(`{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":%d},`+
+				`"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`, tc.cache)
+			bothFreshVMs(t, func(t *testing.T, vm types.VMContext) {
 				h := startHost(t, vm, cfg)
 				rng := rand.New(rand.NewSource(61))
 				system := systemOnRank1(h, rng)
@@ -530,6 +535,53 @@ func TestFirstTurnsCopyOntoAnIdleRank(t *testing.T) {
 			})
 		})
 	}
+}
+
+func TestFirstTurnsCopyOntoTheLastRankOfASmallPool(t *testing.T) {
+	// As many ranks as an index entry names. Every rank but 0 computed a long system
+	// prompt (over a quarter of its stated cache of 16 384 tokens) and runs four.
+	// While rank 0 has computed nothing, it is idle, and a new conversation on the
+	// prompt computes it there: the entry that then names every rank counts the
+	// prompt as held everywhere, which it is. After 10 000 characters on rank 0 it is
+	// not idle, and the conversation stays with a holder.
+	ranks := prefix.TargetsPerEntry
+	cfg := fmt.Sprintf(`{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":16384},`+
+		`"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":%d}]}}}`, ranks)
+	for _, rank0Chars := range []int{0, 10000} {
+		t.Run(fmt.Sprint("rank 0 sent ", rank0Chars, " characters"), func(t *testing.T) {
+			bothFreshVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(67))
+				system := prose(rng, 16000)
+				var held []uint32
+				for r := 1; r < ranks; r++ {
+					computeChatOn(h, system+prose(rng, 800), fmt.Sprint(r), 100)
+					for i := 0; i < 4; i++ {
+						held = append(held, decodingOn(h, prose(rng, 100), fmt.Sprint(r)))
+					}
+				}
+				if rank0Chars > 0 {
+					computeChatOn(h, prose(rng, rank0Chars), "0", 10)
+				}
+				h.advance(1000)
+				rank := newConversationOn(t, h, rng, system)
+				assert.Equal(t, rank0Chars == 0, rank == "0", "rank %s", rank)
+				for _, id := range held {
+					h.endStream(id)
+				}
+			})
+		})
+	}
+}
+
+// computeChatOn sends a chat of content to rank, and ends it with its first chunk ms
+// later.
+func computeChatOn(h *host, content, rank string, ms int) {
+	id, _ := h.send(post("/v1/chat/completions", chat(content), [2]string{"x-data-parallel-rank", rank}))
+	h.stream(id)
+	h.advance(ms)
+	h.firstChunk(id)
+	h.endStream(id)
 }
 
 func TestFirstTurnsMakeNoMoreHoldersThanCopiesByDemand(t *testing.T) {

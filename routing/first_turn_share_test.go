@@ -17,6 +17,10 @@ import (
 // prompt, so it is not idle (idleCandidate).
 const busyPrefill = 300
 
+// notIdle is the uncached tokens of a request that alone keeps a target from being
+// idle: more than half the prompt.
+const notIdle = 1200
+
 // shareCase is a pool of endpoints × dp targets of which the first holders hold a
 // system prompt of about 2000 tokens. Each holder first computes written tokens (one
 // request, sent and done, its first chunk 100 ms later), then is sent gone requests
@@ -26,11 +30,12 @@ const busyPrefill = 300
 // the targets and where a new conversation on the prompt goes.
 func shareCase(t *testing.T, endpoints, dp, holders, running, busy, gone int, written int64, extra string) (ts []Target, got Target) {
 	t.Helper()
-	return shareCaseIdle(t, endpoints, dp, holders, running, busy, gone, 0, written, extra)
+	return shareCaseIdle(t, endpoints, dp, holders, running, busy, gone, 0, busyPrefill, written, extra)
 }
 
-// shareCaseIdle is shareCase with the last idle targets sent nothing.
-func shareCaseIdle(t *testing.T, endpoints, dp, holders, running, busy, gone, idle int, written int64, extra string) (ts []Target, got Target) {
+// shareCaseIdle is shareCase with the last idle targets sent nothing, and prefill
+// uncached tokens in each busy request.
+func shareCaseIdle(t *testing.T, endpoints, dp, holders, running, busy, gone, idle int, prefill, written int64, extra string) (ts []Target, got Target) {
 	t.Helper()
 	js := `{"pools":{"decode":{"endpoints":[`
 	for e := 0; e < endpoints; e++ {
@@ -73,7 +78,7 @@ func shareCaseIdle(t *testing.T, endpoints, dp, holders, running, busy, gone, id
 			continue
 		}
 		for k := 0; k < busy && j < len(ts)-idle; k++ {
-			tk, err := l.AcquireQueued(tg.ID, 400, busyPrefill, clock.ms, clock.ms)
+			tk, err := l.AcquireQueued(tg.ID, prefill+100, prefill, clock.ms, clock.ms)
 			require.NoError(t, err)
 			require.NoError(t, l.Release(tk, clock.now))
 		}
@@ -100,7 +105,7 @@ func TestFirstTurnsLeaveHoldersOverTheirShareAtTheSlots(t *testing.T) {
 		running int
 		held    bool
 	}{{15, true}, {16, false}} {
-		ts, got := shareCase(t, 3, 1, 1, tc.running, 1, 0, 1000, "")
+		ts, got := shareCaseIdle(t, 3, 1, 1, tc.running, 1, 0, 0, notIdle, 1000, "")
 		assert.Equal(t, tc.held, heldBy(ts, 1, got), "running %d", tc.running)
 	}
 }
@@ -127,7 +132,7 @@ func TestFirstTurnsLeaveHoldersThatTurnTheirCacheOver(t *testing.T) {
 		cache int
 		held  bool
 	}{{12016, true}, {12000, false}} {
-		ts, got := shareCase(t, 3, 1, 1, 4, 1, 0, 3000, fmt.Sprintf(`,"prefix":{"target_cache_tokens":%d}`, tc.cache))
+		ts, got := shareCaseIdle(t, 3, 1, 1, 4, 1, 0, 0, notIdle, 3000, fmt.Sprintf(`,"prefix":{"target_cache_tokens":%d}`, tc.cache))
 		assert.Equal(t, tc.held, heldBy(ts, 1, got), "cache %d", tc.cache)
 	}
 }
@@ -164,18 +169,30 @@ func TestFirstTurnsLeaveHoldersThatLoseHistories(t *testing.T) {
 
 // While a target that holds nothing of the prompt is idle (it runs few and has computed
 // little lately), holders that carry more than their own share lose the first turns
-// at a load that costs there, though not their share with one more holder: the copy
-// puts an idle cache to work. Each holder has written a quarter of its cache and was
-// sent 5 requests; each busy target was sent 4 or 5 of 300 uncached tokens, the idle
-// one none. In a pool of 12, a copy that would make as many holders as an index entry
-// names would fill it, so one holder fewer keeps the turn.
+// at half the load that costs there otherwise, though not their share with one more
+// holder: the copy puts an idle cache to work. Each holder has written a quarter of
+// its 12 000-token cache, or an eighth, or just under, and was sent 5 requests; each
+// busy target was sent 4 or 5 of 300 uncached tokens, the idle one none. In a pool of
+// 12, a copy that would make as many holders as an index entry names would fill it,
+// so one holder fewer keeps the turn; in a pool of 8 the entry names every target,
+// and the last one takes it.
 func TestFirstTurnsCopyOntoAnIdleTarget(t *testing.T) {
 	const w = prefix.TargetsPerEntry
 	for _, tc := range []struct {
 		endpoints, dp, holders, busy, idle int
+		written                            int64
 		held                               bool
-	}{{4, 1, 1, 4, 0, true}, {4, 1, 1, 4, 1, false}, {4, 2, 2, 5, 1, false}, {6, 2, w - 2, 5, 1, false}, {6, 2, w - 1, 5, 1, true}} {
-		ts, got := shareCaseIdle(t, tc.endpoints, tc.dp, tc.holders, 4, tc.busy, 0, tc.idle, 3000, `,"prefix":{"target_cache_tokens":12000}`)
+	}{
+		{4, 1, 1, 4, 0, 3000, true},
+		{4, 1, 1, 4, 1, 3000, false},
+		{4, 1, 1, 4, 1, 1500, false},
+		{4, 1, 1, 4, 1, 1400, true},
+		{4, 2, 2, 5, 1, 3000, false},
+		{4, 2, w - 1, 5, 1, 3000, false},
+		{6, 2, w - 2, 5, 1, 3000, false},
+		{6, 2, w - 1, 5, 1, 3000, true},
+	} {
+		ts, got := shareCaseIdle(t, tc.endpoints, tc.dp, tc.holders, 4, tc.busy, 0, tc.idle, busyPrefill, tc.written, `,"prefix":{"target_cache_tokens":12000}`)
 		assert.Equal(t, tc.held, heldBy(ts, tc.holders, got), "%+v", tc)
 		if !tc.held {
 			assert.Equal(t, ts[len(ts)-1], got, "the idle target takes it")

@@ -1457,9 +1457,9 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 // elsewhere is worth its one prefill. Holders whose first chunks have shown copies gone
 // that their stated cache should have kept are evicting those histories already: any
 // share over theirs is too much there. Any is too much, too, while a candidate is idle
-// (idleCandidate) and a copy would not make as many holders as copies by demand do
-// (maxCopies, past which the index counts the prompt as held by every target). The
-// holders are counted over every eligible target, the slot filter's too. A size
+// (idleCandidate), and the load costs at half, unless the copy would make as many
+// holders as copies by demand do (maxCopies, past which the index counts the prompt
+// as held by every target) in a pool larger than that. The holders are counted over every eligible target, the slot filter's too. A size
 // learned from first chunks is not compared with the recent work (early on it can be
 // far too small): only its fall below the stated one counts, as evidence.
 func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt, cands, matched []int) int {
@@ -1490,8 +1490,12 @@ func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt,
 	// A learned cache a tenth below the stated one takes several copies found gone,
 	// not one misjudged chunk (learnCache).
 	evicting := cache > 0 && 10*learned <= 9*cache
+	// The holder that fills the prompt's index entry has it counted as held
+	// everywhere: true only in a pool no larger than an entry names.
+	idle := (holders+1 < copies || copies >= int64(len(v.eligible))) &&
+		idleCandidate(v, pr, cands, deepest, bt, running/holders)
 	share := holders + 1
-	if evicting || holders+1 < copies && idleCandidate(v, pr, cands, deepest, bt, running/holders) {
+	if evicting || idle {
 		share = holders
 	}
 	if holders >= copies || sent*int64(len(v.eligible)) <= v.total.RecentSent*share {
@@ -1504,7 +1508,13 @@ func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt,
 	if slots <= 0 {
 		slots = slotsFullRunning // the fewest an engine is taken to have
 	}
-	if running >= slots*holders || cache > 0 && turnoverShare*recentWork >= cache {
+	// An idle target's cache serves no one and nothing queues there: a copy onto it
+	// pays at half the holders' load.
+	weight := int64(1)
+	if idle {
+		weight = 2
+	}
+	if weight*running >= slots*holders || cache > 0 && weight*turnoverShare*recentWork >= cache {
 		return deepest
 	}
 	return 0
