@@ -70,6 +70,8 @@ func bothFreshVMs(t *testing.T, fn func(t *testing.T, vm types.VMContext)) {
 	bothVMsOn(t, freshVM, fn)
 }
 
+// bothVMsOn runs fn once with the Go plugin and once with the compiled wasm that wasm
+// returns.
 func bothVMsOn(t *testing.T, wasm func(testing.TB) types.VMContext, fn func(t *testing.T, vm types.VMContext)) {
 	t.Run("go", func(t *testing.T) {
 		// The Go plugin runs on a test clock that advance moves.

@@ -1457,11 +1457,12 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 // elsewhere is worth its one prefill. Holders whose first chunks have shown copies gone
 // that their stated cache should have kept are evicting those histories already: any
 // share over theirs is too much there. Any is too much, too, while a candidate is idle
-// (idleCandidate), and the load costs at half, unless the copy would make as many
-// holders as copies by demand do (maxCopies, past which the index counts the prompt
-// as held by every target) in a pool larger than that. The holders are counted over every eligible target, the slot filter's too. A size
-// learned from first chunks is not compared with the recent work (early on it can be
-// far too small): only its fall below the stated one counts, as evidence.
+// (idleCandidate), at half the load that costs otherwise, unless the copy would make
+// as many holders as copies by demand do (maxCopies, past which the index counts the
+// prompt as held by every target) in a pool larger than that. The holders are counted
+// over every eligible target, the slot filter's too. A size learned from first chunks
+// is not compared with the recent work (early on it can be far too small): only its
+// fall below the stated one counts, as evidence.
 func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt, cands, matched []int) int {
 	deepest, least := 0, math.MaxInt
 	for _, i := range cands {
