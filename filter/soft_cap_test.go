@@ -714,3 +714,40 @@ func TestNewConversationsSpreadByTheTimeTheirWorkTookInFilter(t *testing.T) {
 		})
 	}
 }
+
+func TestNewConversationsOnACachedPromptCountRecentRequestsInFilter(t *testing.T) {
+	// Ranks 0 and 1 computed a long system prompt with a question. Rank 0 was then
+	// sent the same again, cached whole; ranks 1 and 2 three documents of 20 000
+	// characters each. With two questions, rank 0 has worked least and a new
+	// conversation on the prompt goes there; with forty, its requests at the pool's
+	// mean work count more than rank 1's work, and the conversation goes to rank 1.
+	// (The recent work halves at the end of each span of absolute time: the wasm runs
+	// on a clock of its own.)
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	for _, tc := range []struct {
+		questions int
+		want      string
+	}{{2, "0"}, {40, "1"}} {
+		t.Run(fmt.Sprint(tc.questions, " questions on rank 0"), func(t *testing.T) {
+			bothFreshVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(73))
+				system := prose(rng, 16000)
+				question := prose(rng, 800)
+				for _, r := range []string{"0", "1"} {
+					computeChatOn(h, system+question, r, 100)
+				}
+				for i := 0; i < tc.questions; i++ {
+					computeChatOn(h, system+question, "0", 5)
+				}
+				for _, r := range []string{"1", "2"} {
+					for i := 0; i < 3; i++ {
+						computeChatOn(h, prose(rng, 20000), r, 100)
+					}
+				}
+				h.advance(1000)
+				assert.Equal(t, tc.want, newConversationOn(t, h, rng, system))
+			})
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/prefix"
 	"github.com/kvroute/kvroute/routing/state"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -514,4 +515,47 @@ func TestAtTheSlotCount(t *testing.T) {
 	assert.False(t, v.atSlots(1), "one fewer")
 	v.slotsSeen = 0
 	assert.False(t, v.atSlots(0), "no count seen")
+}
+
+// A round-robin first turn on a prompt two targets cache goes to the one with less
+// recent work, counting a target's recent requests at the pool's mean work per
+// request where that is more: such a turn costs its target little at once and brings
+// its conversation's later turns after. Target 0 was sent cheap requests (10 uncached
+// tokens each), target 1 two of 1000 uncached tokens, the third target two of 1000.
+// With two cheap requests target 0 has worked least and takes the turn; with forty,
+// their count at the pool's mean is more than target 1's work, and target 1 takes
+// it. A prompt no target caches still goes by work alone: to target 0.
+func TestFirstTurnsOnACachedPromptCountRecentRequests(t *testing.T) {
+	for _, tc := range []struct {
+		cheap  int
+		cached bool
+		got    int
+	}{{2, true, 0}, {40, true, 1}, {40, false, 0}} {
+		clock := &fakeClock{ms: 1e6}
+		r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
+		rng := rand.New(rand.NewSource(71))
+		system := words(rng, 4000)
+		q := textRequest(system, 1)
+		cps, _ := prefix.HashCheckpoints(q.Model, q.Prompt, q.BlockBytes, nil)
+		ts := r.DecodeTargets()
+		l := r.decode.ledger
+		send := func(tg Target, n int, uncached int64) {
+			for k := 0; k < n; k++ {
+				tk, err := l.AcquireQueued(tg.ID, 1000, uncached, clock.ms, clock.ms)
+				require.NoError(t, err)
+				require.NoError(t, l.Release(tk, clock.now))
+			}
+		}
+		send(ts[0], tc.cheap, 10)
+		send(ts[1], 2, 1000)
+		send(ts[2], 2, 1000)
+		if tc.cached {
+			for _, tg := range ts[:2] {
+				r.decode.index.Record(cps, tg.ID, 0, 0)
+			}
+		}
+		clock.ms += 1000
+		got := newConversation(t, r, system+words(rng, 400), 2, 9).Target
+		assert.Equal(t, ts[tc.got].Address, got.Address, "%+v", tc)
+	}
 }

@@ -239,7 +239,7 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 			ahead[i] = l.PrefillAheadAt(nowMS, rtok, rms)
 		}
 	}
-	v.total.Requests, v.total.Tokens, v.total.RecentSent, v.busiest = requests, tokens, sent, busiest
+	v.total.Requests, v.total.Tokens, v.total.Recent, v.total.RecentSent, v.busiest = requests, tokens, recent, sent, busiest
 	if p.engine == nil {
 		sentInFlight = requests
 	}
@@ -1376,8 +1376,9 @@ func (r *Router) firstTurn(v *poolView, req *extract.Request, pr *prompt) (int, 
 // targets within one block of the lowest wait, those within one block of the least
 // recent work are kept (Load.Recent), and the cursor rotates over them: a prompt
 // nobody caches yet, a new application's, goes to the target with the least work
-// lately rather than to the next in turn. Once a slot count has been seen
-// (slotsSeen), those with the fewest requests in flight are kept instead (spreadLoad).
+// lately rather than to the next in turn. A target that caches the turn's prompt
+// also counts its recent requests (spreadLoad). Once a slot count has been seen
+// (slotsSeen), those with the fewest requests in flight are kept instead.
 //
 // While a target is out of running slots (poolView.outOfSlots), the engines of the pool
 // are taken to run as many as it does, and a target with that many requests in flight
@@ -1408,8 +1409,10 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 	}
 	r.lookup(v, pr)
 	matched := r.matchedTokens(v, req, pr, cands)
+	cachedTurn := matched != nil // false while a copy is paid for (holdersOverShare)
 	if matched != nil {
 		if deepest := r.holdersOverShare(v, req, pr, cands, matched); deepest > 0 {
+			cachedTurn = false
 			for _, i := range cands {
 				matched[i] = deepest
 			}
@@ -1435,12 +1438,12 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 	for _, i := range cands {
 		if wait[i] <= low+block {
 			out = append(out, i)
-			least = min(least, v.spreadLoad(i))
+			least = min(least, v.spreadLoad(i, cachedTurn && matched[i] > 0))
 		}
 	}
 	kept := out[:0]
 	for _, i := range out {
-		if v.spreadLoad(i) <= least+within {
+		if v.spreadLoad(i, cachedTurn && matched[i] > 0) <= least+within {
 			kept = append(kept, i)
 		}
 	}
@@ -1552,14 +1555,28 @@ const turnoverShare = 4
 // conversation's later turns more slowly too, so it takes fewer conversations. The
 // engines' running slots bind instead once seen: each later turn takes one while it
 // decodes, and the target with the fewest in flight is the furthest from its count.
-func (v *poolView) spreadLoad(i int) int64 {
+//
+// For a turn whose prompt the target caches (cached), its recent requests
+// (Load.RecentSent) at the pool's mean work per request count instead where that is
+// more. Such a turn adds little work there at once, and its conversation's later turns
+// come after: by work alone, the holder that has worked least takes every new
+// conversation on the prompt until those turns arrive, and then computes them all at
+// once. The requests are not counted at the target's rate: a measured rate also holds
+// waits for a running slot, and a request counted many times over for one such wait
+// keeps new conversations off a target long after it drained.
+func (v *poolView) spreadLoad(i int, cached bool) int64 {
 	if v.slotsSeen > 0 {
 		return v.loads[i].Requests
 	}
-	if l := &v.loads[i]; v.rate > 0 && l.RateMS >= minPaceMS && l.RateTokens > 0 {
-		return int64(float64(l.Recent) * v.rate * float64(l.RateMS) / float64(l.RateTokens))
+	l := &v.loads[i]
+	work := l.Recent
+	if v.rate > 0 && l.RateMS >= minPaceMS && l.RateTokens > 0 {
+		work = int64(float64(l.Recent) * v.rate * float64(l.RateMS) / float64(l.RateTokens))
 	}
-	return v.loads[i].Recent
+	if t := &v.total; cached && t.RecentSent > 0 {
+		work = max(work, l.RecentSent*t.Recent/t.RecentSent)
+	}
+	return work
 }
 
 // fallback decides without shared state: rendezvous hashing for an explicit
