@@ -751,3 +751,38 @@ func TestNewConversationsOnACachedPromptCountRecentRequestsInFilter(t *testing.T
 		})
 	}
 }
+
+func TestAFirstTurnPayingForACopySpreadsByWorkInFilter(t *testing.T) {
+	// Rank 0 computed a long system prompt and 80 short documents, and runs sixteen:
+	// over its share, at an engine's running slots, so a new conversation on the
+	// prompt computes it elsewhere. Rank 1 was sent one short question forty times
+	// (cached after the first), rank 2 two documents of 8 000 characters. The copy
+	// goes to rank 1, which has worked least, though its requests at the pool's mean
+	// work would count more than rank 2's work. (The wasm runs on a clock of its own.)
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	bothFreshVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, cfg)
+		rng := rand.New(rand.NewSource(79))
+		system := prose(rng, 16000)
+		computeChatOn(h, system+prose(rng, 800), "0", 100)
+		for i := 0; i < 80; i++ {
+			computeChatOn(h, prose(rng, 400), "0", 2)
+		}
+		var held []uint32
+		for i := 0; i < 16; i++ {
+			held = append(held, decodingOn(h, prose(rng, 100), "0"))
+		}
+		question := prose(rng, 100)
+		for i := 0; i < 40; i++ {
+			computeChatOn(h, question, "1", 1)
+		}
+		for i := 0; i < 2; i++ {
+			computeChatOn(h, prose(rng, 8000), "2", 50)
+		}
+		h.advance(1000)
+		assert.Equal(t, "1", newConversationOn(t, h, rng, system))
+		for _, id := range held {
+			h.endStream(id)
+		}
+	})
+}

@@ -559,3 +559,39 @@ func TestFirstTurnsOnACachedPromptCountRecentRequests(t *testing.T) {
 		assert.Equal(t, ts[tc.got].Address, got.Address, "%+v", tc)
 	}
 }
+
+// While a prompt's holders pay for a copy (holdersOverShare), a first turn's
+// candidates are all weighed as holding the prompt, but the copy is computed where it
+// goes: the spread is by work alone. Target 0 holds the prompt, runs sixteen and was
+// sent 84 more of 100 uncached tokens, over its share; target 1 was sent forty
+// requests of 1 uncached token, target 2 two of 1000. The copy goes to target 1,
+// which has worked least, though its requests at the pool's mean work would count
+// more than target 2's work.
+func TestAFirstTurnPayingForACopySpreadsByWork(t *testing.T) {
+	clock := &fakeClock{ms: 1e6}
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
+	rng := rand.New(rand.NewSource(73))
+	system := words(rng, 4000)
+	q := textRequest(system, 1)
+	cps, _ := prefix.HashCheckpoints(q.Model, q.Prompt, q.BlockBytes, nil)
+	ts := r.DecodeTargets()
+	l := r.decode.ledger
+	send := func(tg Target, n int, uncached int64) {
+		for k := 0; k < n; k++ {
+			tk, err := l.AcquireQueued(tg.ID, 1000, uncached, clock.ms, clock.ms)
+			require.NoError(t, err)
+			require.NoError(t, l.Release(tk, clock.now))
+		}
+	}
+	send(ts[0], 84, 100)
+	for k := 0; k < 16; k++ {
+		_, err := l.Acquire(ts[0].ID, 100, clock.ms)
+		require.NoError(t, err)
+	}
+	send(ts[1], 40, 1)
+	send(ts[2], 2, 1000)
+	r.decode.index.Record(cps, ts[0].ID, 0, 0)
+	clock.ms += 1000
+	got := newConversation(t, r, system+words(rng, 400), 2, 9).Target
+	assert.Equal(t, ts[1].Address, got.Address)
+}
