@@ -136,17 +136,10 @@ func TestFirstTurnLeavesATargetOutOfRunningSlots(t *testing.T) {
 				rng := rand.New(rand.NewSource(23))
 				system := prose(rng, 16000)
 				rank1 := [2]string{"x-data-parallel-rank", "1"}
-				id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 800)), rank1))
-				h.stream(id)
-				h.advance(100)
-				h.firstChunk(id)
-				h.endStream(id)
+				computeChatOn(h, system+prose(rng, 800), "1", 100)
 				for _, r := range []string{"0", "2"} {
 					for i := 0; i < tc.running+tc.waiting; i++ {
-						id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 600)), [2]string{"x-data-parallel-rank", r}))
-						h.stream(id)
-						h.firstChunk(id)
-						h.endStream(id)
+						computeChatOn(h, prose(rng, 600), r, 0)
 					}
 				}
 				var held []uint32
@@ -188,15 +181,10 @@ func slotsSeenCase(t *testing.T, cfg string, ids bool) {
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startHost(t, vm, cfg)
 		rng := rand.New(rand.NewSource(23))
-		rank1 := [2]string{"x-data-parallel-rank", "1"}
 		var systems []string
 		for i := 0; i < 3; i++ {
 			systems = append(systems, prose(rng, 16000))
-			id, _ := h.send(post("/v1/chat/completions", chat(systems[i]+prose(rng, 800)), rank1))
-			h.stream(id)
-			h.advance(100)
-			h.firstChunk(id)
-			h.endStream(id)
+			computeChatOn(h, systems[i]+prose(rng, 800), "1", 100)
 		}
 		held, others := fillRank1(h, rng)
 		newConversation := func(system, session string) string {
@@ -331,13 +319,8 @@ func TestALateTargetRunningFewerThanAnotherIsNotFull(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
 				h := startHost(t, vm, cfg)
 				rng := rand.New(rand.NewSource(37))
-				rank1 := [2]string{"x-data-parallel-rank", "1"}
 				system := prose(rng, 16000)
-				id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 800)), rank1))
-				h.stream(id)
-				h.advance(100)
-				h.firstChunk(id)
-				h.endStream(id)
+				computeChatOn(h, system+prose(rng, 800), "1", 100)
 				held, others := fillRank1(h, rng)
 				if busier {
 					for i := 0; i < 2; i++ {
@@ -370,13 +353,9 @@ func TestALateTargetRunningFewerThanAnotherIsNotFull(t *testing.T) {
 func holderOnRank1(t *testing.T, vm types.VMContext, cfg string, seed int64, running int) (rank string) {
 	h := startHost(t, vm, cfg)
 	rng := rand.New(rand.NewSource(seed))
-	onRank := func(r string) [2]string { return [2]string{"x-data-parallel-rank", r} }
 	system := systemOnRank1(h, rng)
 	for _, r := range []string{"0", "2"} {
-		id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 10000)), onRank(r)))
-		h.stream(id)
-		h.firstChunk(id)
-		h.endStream(id)
+		computeChatOn(h, prose(rng, 10000), r, 0)
 	}
 	var held []uint32
 	for i := 0; i < running; i++ {
@@ -388,6 +367,16 @@ func holderOnRank1(t *testing.T, vm types.VMContext, cfg string, seed int64, run
 		h.endStream(id)
 	}
 	return rank
+}
+
+// computeChatOn sends a chat of content to rank, and ends it with its first chunk ms
+// later.
+func computeChatOn(h *host, content, rank string, ms int) {
+	id, _ := h.send(post("/v1/chat/completions", chat(content), [2]string{"x-data-parallel-rank", rank}))
+	h.stream(id)
+	h.advance(ms)
+	h.firstChunk(id)
+	h.endStream(id)
 }
 
 // decodingOn sends a chat of content on rank and streams it past its first chunk: the
@@ -403,11 +392,7 @@ func decodingOn(h *host, content, rank string) uint32 {
 // on rank 1 in 100 ms, and returns the system prompt.
 func systemOnRank1(h *host, rng *rand.Rand) string {
 	system := prose(rng, 16000)
-	id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-data-parallel-rank", "1"}))
-	h.stream(id)
-	h.advance(100)
-	h.firstChunk(id)
-	h.endStream(id)
+	computeChatOn(h, system+prose(rng, 800), "1", 100)
 	return system
 }
 
@@ -574,16 +559,6 @@ func TestFirstTurnsCopyOntoTheLastRankOfASmallPool(t *testing.T) {
 	}
 }
 
-// computeChatOn sends a chat of content to rank, and ends it with its first chunk ms
-// later.
-func computeChatOn(h *host, content, rank string, ms int) {
-	id, _ := h.send(post("/v1/chat/completions", chat(content), [2]string{"x-data-parallel-rank", rank}))
-	h.stream(id)
-	h.advance(ms)
-	h.firstChunk(id)
-	h.endStream(id)
-}
-
 func TestFirstTurnsMakeNoMoreHoldersThanCopiesByDemand(t *testing.T) {
 	// Four more ranks than twice what an index entry names. The ranks from 1 each
 	// computed a long system prompt and run sixteen, over their share and at an
@@ -609,11 +584,7 @@ func TestFirstTurnsMakeNoMoreHoldersThanCopiesByDemand(t *testing.T) {
 					if holds {
 						text = system + prose(rng, 800)
 					}
-					id, _ := h.send(post("/v1/chat/completions", chat(text), onRank(r)))
-					h.stream(id)
-					h.advance(10)
-					h.firstChunk(id)
-					h.endStream(id)
+					computeChatOn(h, text, fmt.Sprint(r), 10)
 					for i := 0; holds && i < 16; i++ {
 						id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), onRank(r)))
 						h.stream(id)
@@ -650,17 +621,10 @@ func TestATurnWhoseHistoryEveryRankHoldsLeavesAtTheSlotCount(t *testing.T) {
 		rng := rand.New(rand.NewSource(59))
 		system := prose(rng, 16000)
 		for _, r := range []string{"0", "2"} {
-			id, _ := h.send(post("/v1/chat/completions", chat(system+prose(rng, 400)), [2]string{"x-data-parallel-rank", r}))
-			h.stream(id)
-			h.advance(100)
-			h.firstChunk(id)
-			h.endStream(id)
+			computeChatOn(h, system+prose(rng, 400), r, 100)
 		}
 		for i := 0; i < 1000; i++ {
-			id, _ := h.send(post("/v1/chat/completions", chat("hi"), [2]string{"x-data-parallel-rank", fmt.Sprint(i % 2 * 2)}))
-			h.stream(id)
-			h.firstChunk(id)
-			h.endStream(id)
+			computeChatOn(h, "hi", fmt.Sprint(i%2*2), 0)
 		}
 		history := system + prose(rng, 400)
 		_, rank, _ := h.route(post("/v1/chat/completions", chat(history),

@@ -531,24 +531,11 @@ func TestFirstTurnsOnACachedPromptCountRecentRequests(t *testing.T) {
 		cached bool
 		got    int
 	}{{2, true, 0}, {40, true, 1}, {40, false, 0}} {
-		clock := &fakeClock{ms: 1e6}
-		r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
-		rng := rand.New(rand.NewSource(71))
-		system := words(rng, 4000)
-		q := textRequest(system, 1)
-		cps, _ := prefix.HashCheckpoints(q.Model, q.Prompt, q.BlockBytes, nil)
+		r, clock, rng, system, cps := promptRouter(t, 71)
 		ts := r.DecodeTargets()
-		l := r.decode.ledger
-		send := func(tg Target, n int, uncached int64) {
-			for k := 0; k < n; k++ {
-				tk, err := l.AcquireQueued(tg.ID, 1000, uncached, clock.ms, clock.ms)
-				require.NoError(t, err)
-				require.NoError(t, l.Release(tk, clock.now))
-			}
-		}
-		send(ts[0], tc.cheap, 10)
-		send(ts[1], 2, 1000)
-		send(ts[2], 2, 1000)
+		sendDone(t, r, clock, ts[0], tc.cheap, 10)
+		sendDone(t, r, clock, ts[1], 2, 1000)
+		sendDone(t, r, clock, ts[2], 2, 1000)
 		if tc.cached {
 			for _, tg := range ts[:2] {
 				r.decode.index.Record(cps, tg.ID, 0, 0)
@@ -568,30 +555,42 @@ func TestFirstTurnsOnACachedPromptCountRecentRequests(t *testing.T) {
 // which has worked least, though its requests at the pool's mean work would count
 // more than target 2's work.
 func TestAFirstTurnPayingForACopySpreadsByWork(t *testing.T) {
-	clock := &fakeClock{ms: 1e6}
-	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
-	rng := rand.New(rand.NewSource(73))
-	system := words(rng, 4000)
-	q := textRequest(system, 1)
-	cps, _ := prefix.HashCheckpoints(q.Model, q.Prompt, q.BlockBytes, nil)
+	r, clock, rng, system, cps := promptRouter(t, 73)
 	ts := r.DecodeTargets()
-	l := r.decode.ledger
-	send := func(tg Target, n int, uncached int64) {
-		for k := 0; k < n; k++ {
-			tk, err := l.AcquireQueued(tg.ID, 1000, uncached, clock.ms, clock.ms)
-			require.NoError(t, err)
-			require.NoError(t, l.Release(tk, clock.now))
-		}
-	}
-	send(ts[0], 84, 100)
+	sendDone(t, r, clock, ts[0], 84, 100)
 	for k := 0; k < 16; k++ {
-		_, err := l.Acquire(ts[0].ID, 100, clock.ms)
+		_, err := r.decode.ledger.Acquire(ts[0].ID, 100, clock.ms)
 		require.NoError(t, err)
 	}
-	send(ts[1], 40, 1)
-	send(ts[2], 2, 1000)
+	sendDone(t, r, clock, ts[1], 40, 1)
+	sendDone(t, r, clock, ts[2], 2, 1000)
 	r.decode.index.Record(cps, ts[0].ID, 0, 0)
 	clock.ms += 1000
 	got := newConversation(t, r, system+words(rng, 400), 2, 9).Target
 	assert.Equal(t, ts[1].Address, got.Address)
+}
+
+// promptRouter starts a router of three targets (testConfig) on a fake clock, with a
+// system prompt of about 1000 tokens drawn from seed and the prompt's checkpoints,
+// recorded nowhere yet.
+func promptRouter(t *testing.T, seed int64) (r *Router, clock *fakeClock, rng *rand.Rand, system string, cps []prefix.Checkpoint) {
+	clock = &fakeClock{ms: 1e6}
+	r = NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
+	rng = rand.New(rand.NewSource(seed))
+	system = words(rng, 4000)
+	q := textRequest(system, 1)
+	cps, _ = prefix.HashCheckpoints(q.Model, q.Prompt, q.BlockBytes, nil)
+	return r, clock, rng, system, cps
+}
+
+// sendDone sends tg n requests of 1000 tokens, uncached of them to compute, and ends
+// them at once: recent work and requests, nothing in flight.
+func sendDone(t *testing.T, r *Router, clock *fakeClock, tg Target, n int, uncached int64) {
+	t.Helper()
+	l := r.decode.ledger
+	for k := 0; k < n; k++ {
+		tk, err := l.AcquireQueued(tg.ID, 1000, uncached, clock.ms, clock.ms)
+		require.NoError(t, err)
+		require.NoError(t, l.Release(tk, clock.now))
+	}
 }
