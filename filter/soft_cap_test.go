@@ -716,6 +716,42 @@ func TestNewConversationsOnACachedPromptCountRecentRequestsInFilter(t *testing.T
 	}
 }
 
+func TestNewConversationsOnACachedPromptCountRequestsAtTheRanksRateInFilter(t *testing.T) {
+	// Ranks 0 and 1 computed a long system prompt with a question, rank 1 in a second
+	// and rank 0 in slow ms; rank 2 six documents of the same length, a second each.
+	// Rank 0 was then sent the same again 19 times, cached whole, and rank 1 20 times.
+	// At twice rank 1's time rank 0's requests count for more, and a new conversation
+	// on the prompt goes to rank 1; at a tenth more the rates are taken as the same,
+	// and it goes to rank 0, with the fewer requests. (The wasm runs on a clock of its
+	// own.)
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	for _, tc := range []struct {
+		slow int
+		want string
+	}{{2000, "1"}, {1100, "0"}} {
+		t.Run(fmt.Sprint("rank 0 in ", tc.slow, " ms"), func(t *testing.T) {
+			bothFreshVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(83))
+				system := prose(rng, 16000)
+				question := prose(rng, 800)
+				computeChatOn(h, system+question, "0", tc.slow)
+				computeChatOn(h, system+question, "1", 1000)
+				for i := 0; i < 6; i++ {
+					computeChatOn(h, prose(rng, 16800), "2", 1000)
+				}
+				for r, n := range []int{19, 20} {
+					for i := 0; i < n; i++ {
+						computeChatOn(h, system+question, fmt.Sprint(r), 5)
+					}
+				}
+				h.advance(1000)
+				assert.Equal(t, tc.want, newConversationOn(t, h, rng, system))
+			})
+		})
+	}
+}
+
 func TestAFirstTurnPayingForACopySpreadsByWorkInFilter(t *testing.T) {
 	// Rank 0 computed a long system prompt and 80 short documents, and runs sixteen:
 	// over its share, at an engine's running slots, so a new conversation on the

@@ -547,6 +547,40 @@ func TestFirstTurnsOnACachedPromptCountRecentRequests(t *testing.T) {
 	}
 }
 
+// A slower target counts its recent requests at its rate: each of its conversations'
+// later turns takes it longer. Targets 0 and 1 hold the prompt and computed 1000
+// tokens each, target 1 in a second and target 0 in slow ms; target 0 was then sent
+// 19 cheap requests and target 1 20, the third target two of 1000 uncached tokens.
+// At twice target 1's time target 0's requests count for more, and target 1 takes
+// the turn; at a tenth more, the rates are taken as the same (sameRate), and target 0,
+// with the fewer requests, takes it.
+func TestFirstTurnsOnACachedPromptCountRequestsAtTheTargetsRate(t *testing.T) {
+	for _, tc := range []struct {
+		slow int64
+		got  int
+	}{{2000, 1}, {1100, 0}} {
+		r, clock, rng, system, cps := promptRouter(t, 75)
+		ts := r.DecodeTargets()
+		l := r.decode.ledger
+		for k, ms := range []int64{tc.slow, 1000} {
+			tk, err := l.AcquireQueued(ts[k].ID, 1000, 1000, clock.ms, clock.ms)
+			require.NoError(t, err)
+			require.NoError(t, l.FirstChunk(&tk, clock.ms+ms))
+			require.NoError(t, l.Release(tk, func() int64 { return clock.ms + ms }))
+		}
+		clock.ms += tc.slow
+		sendDone(t, r, clock, ts[0], 19, 10)
+		sendDone(t, r, clock, ts[1], 20, 10)
+		sendDone(t, r, clock, ts[2], 2, 1000)
+		for _, tg := range ts[:2] {
+			r.decode.index.Record(cps, tg.ID, 0, 0)
+		}
+		clock.ms += 1000
+		got := newConversation(t, r, system+words(rng, 400), 2, 9).Target
+		assert.Equal(t, ts[tc.got].Address, got.Address, "%+v", tc)
+	}
+}
+
 // While a prompt's holders pay for a copy (holdersOverShare), a first turn's
 // candidates are all weighed as holding the prompt, but the copy is computed where it
 // goes: the spread is by work alone. Target 0 holds the prompt, runs sixteen and was

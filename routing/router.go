@@ -1561,9 +1561,7 @@ const turnoverShare = 4
 // more. Such a turn adds little work there at once, and its conversation's later turns
 // come after: by work alone, the holder that has worked least takes every new
 // conversation on the prompt until those turns arrive, and then computes them all at
-// once. The requests are not counted at the target's rate: a measured rate also holds
-// waits for a running slot, and a request counted many times over for one such wait
-// keeps new conversations off a target long after it drained.
+// once. The requests are counted at the target's pace (requestPace).
 func (v *poolView) spreadLoad(i int, cached bool) int64 {
 	if v.slotsSeen > 0 {
 		return v.loads[i].Requests
@@ -1571,13 +1569,37 @@ func (v *poolView) spreadLoad(i int, cached bool) int64 {
 	l := &v.loads[i]
 	work := l.Recent
 	if v.rate > 0 && l.RateMS >= minPaceMS && l.RateTokens > 0 {
-		work = int64(float64(l.Recent) * v.rate * float64(l.RateMS) / float64(l.RateTokens))
+		work = int64(float64(l.Recent) * (v.rate * float64(l.RateMS) / float64(l.RateTokens)))
 	}
 	if t := &v.total; cached && t.RecentSent > 0 {
-		work = max(work, l.RecentSent*t.Recent/t.RecentSent)
+		requests := l.RecentSent * t.Recent / t.RecentSent
+		if pace := v.requestPace(i); pace != 1 {
+			requests = int64(float64(requests) * pace)
+		}
+		work = max(work, requests)
 	}
 	return work
 }
+
+// requestPace is what a request sent to target i counts for against the others': the
+// pool's rate over the target's, once its first chunks have timed a second of its
+// prefill and where the two are more than sameRate apart; 1 otherwise. Requests come
+// in few whole numbers, often equal on two targets, and rates a few hundredths apart
+// tell the queueing in their samples, not a slower engine.
+func (v *poolView) requestPace(i int) float64 {
+	l := &v.loads[i]
+	if v.rate > 0 && l.RateMS >= minPaceMS && l.RateTokens > 0 {
+		slow := v.rate * float64(l.RateMS) / float64(l.RateTokens)
+		if slow > sameRate || slow*sameRate < 1 {
+			return slow
+		}
+	}
+	return 1
+}
+
+// sameRate: a target whose measured rate is within this factor of the pool's counts its
+// requests as the pool's (requestPace).
+const sameRate = 1.25
 
 // fallback decides without shared state: rendezvous hashing for an explicit
 // conversation (every VM and replica agrees), a VM-local round robin otherwise.
