@@ -421,6 +421,53 @@ func TestFirstTurnsLeaveAHolderOverItsShareAtTheSlots(t *testing.T) {
 	}
 }
 
+func TestFirstTurnsLeaveASlowHolderAtItsShareByCount(t *testing.T) {
+	// Rank 0 computed a long system prompt with a question in slow ms, ranks 1 and 2 a
+	// document of the same length in 5 s each, all at once. Rank 0 was then sent 15
+	// short chats, the others 4 each: rank 0's 16 requests are under two thirds of the
+	// 26, its share with one more holder, and its recent work over a quarter of its
+	// stated cache. At a tenth slower a new conversation on the prompt stays on rank
+	// 0; at twice as slow its requests count for more than that share, and the prompt
+	// is computed again elsewhere. (The wasm runs on a clock of its own, which moves
+	// at every reading: the short chats add little to the rates, and the counts keep
+	// their order if the first requests' halve.)
+	cfg := `{"trust_client_dp_rank":true,"prefix":{"target_cache_tokens":8000},"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	for _, tc := range []struct {
+		slow int
+		held bool
+	}{{5500, true}, {10000, false}} {
+		t.Run(fmt.Sprint("rank 0 in ", tc.slow, " ms"), func(t *testing.T) {
+			bothFreshVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(89))
+				system := prose(rng, 16000)
+				var ids []uint32
+				for r, p := range []string{system + prose(rng, 800), prose(rng, 16800), prose(rng, 16800)} {
+					id, _ := h.send(post("/v1/chat/completions", chat(p), [2]string{"x-data-parallel-rank", fmt.Sprint(r)}))
+					h.stream(id)
+					ids = append(ids, id)
+				}
+				h.advance(5000)
+				for _, id := range ids[1:] {
+					h.firstChunk(id)
+					h.endStream(id)
+				}
+				h.advance(tc.slow - 5000)
+				h.firstChunk(ids[0])
+				h.endStream(ids[0])
+				for r, n := range []int{15, 4, 4} {
+					for i := 0; i < n; i++ {
+						computeChatOn(h, prose(rng, 40), fmt.Sprint(r), 1)
+					}
+				}
+				h.advance(1000)
+				rank := newConversationOn(t, h, rng, system)
+				assert.Equal(t, tc.held, rank == "0", "rank %s", rank)
+			})
+		})
+	}
+}
+
 func TestFirstTurnsLeaveAHolderThatTurnsItsCacheOver(t *testing.T) {
 	// Rank 1 runs four, few for its running slots, and has written about 4 300 tokens
 	// lately; with a stated cache of 16 384 tokens that is over a quarter of it, and its

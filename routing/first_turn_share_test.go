@@ -199,3 +199,40 @@ func TestFirstTurnsCopyOntoAnIdleTarget(t *testing.T) {
 		}
 	}
 }
+
+// A holder's requests count at its rate against its share: a slower engine takes
+// longer over each, and so over its conversations' later turns. Three targets each
+// computed 2000 tokens, the others in a second and the holder in slow ms; the holder
+// was then sent 19 requests more, the others 4 each: the holder's 20 are two thirds of
+// the 30, its share with one more holder (as in TestFirstTurnsStayWithHoldersAtTheirShare),
+// and its recent work a quarter of its stated cache. At a tenth slower the rates count
+// as the same (sameRate) and the turn stays; at twice as slow its requests count for
+// more than that share, and the prompt is computed again elsewhere.
+func TestFirstTurnsLeaveASlowHolderAtItsShareByCount(t *testing.T) {
+	for _, tc := range []struct {
+		slow int64
+		held bool
+	}{{1100, true}, {2000, false}} {
+		r, clock, rng, system, cps := promptRouter(t, 77, `,"prefix":{"target_cache_tokens":8000}`)
+		ts := r.DecodeTargets()
+		l := r.decode.ledger
+		for k, tg := range ts {
+			ms := int64(1000)
+			if k == 0 {
+				ms = tc.slow
+			}
+			tk, err := l.AcquireQueued(tg.ID, 2000, 2000, clock.ms, clock.ms)
+			require.NoError(t, err)
+			require.NoError(t, l.FirstChunk(&tk, clock.ms+ms))
+			require.NoError(t, l.Release(tk, func() int64 { return clock.ms + ms }))
+		}
+		clock.ms += tc.slow
+		sendDone(t, r, clock, ts[0], 19, 10)
+		sendDone(t, r, clock, ts[1], 4, 10)
+		sendDone(t, r, clock, ts[2], 4, 10)
+		r.decode.index.Record(cps, ts[0].ID, 0, 0)
+		clock.ms += 1000
+		got := newConversation(t, r, system+words(rng, 400), 2, 9).Target
+		assert.Equal(t, tc.held, got.ID == ts[0].ID, "%+v", tc)
+	}
+}

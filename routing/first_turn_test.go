@@ -531,7 +531,7 @@ func TestFirstTurnsOnACachedPromptCountRecentRequests(t *testing.T) {
 		cached bool
 		got    int
 	}{{2, true, 0}, {40, true, 1}, {40, false, 0}} {
-		r, clock, rng, system, cps := promptRouter(t, 71)
+		r, clock, rng, system, cps := promptRouter(t, 71, "")
 		ts := r.DecodeTargets()
 		sendDone(t, r, clock, ts[0], tc.cheap, 10)
 		sendDone(t, r, clock, ts[1], 2, 1000)
@@ -559,7 +559,7 @@ func TestFirstTurnsOnACachedPromptCountRequestsAtTheTargetsRate(t *testing.T) {
 		slow int64
 		got  int
 	}{{2000, 1}, {1100, 0}} {
-		r, clock, rng, system, cps := promptRouter(t, 75)
+		r, clock, rng, system, cps := promptRouter(t, 75, "")
 		ts := r.DecodeTargets()
 		l := r.decode.ledger
 		for k, ms := range []int64{tc.slow, 1000} {
@@ -589,7 +589,7 @@ func TestFirstTurnsOnACachedPromptCountRequestsAtTheTargetsRate(t *testing.T) {
 // which has worked least, though its requests at the pool's mean work would count
 // more than target 2's work.
 func TestAFirstTurnPayingForACopySpreadsByWork(t *testing.T) {
-	r, clock, rng, system, cps := promptRouter(t, 73)
+	r, clock, rng, system, cps := promptRouter(t, 73, "")
 	ts := r.DecodeTargets()
 	sendDone(t, r, clock, ts[0], 84, 100)
 	for k := 0; k < 16; k++ {
@@ -604,12 +604,12 @@ func TestAFirstTurnPayingForACopySpreadsByWork(t *testing.T) {
 	assert.Equal(t, ts[1].Address, got.Address)
 }
 
-// promptRouter starts a router of three targets (testConfig) on a fake clock, with a
-// system prompt of about 1000 tokens drawn from seed and the prompt's checkpoints,
-// recorded nowhere yet.
-func promptRouter(t *testing.T, seed int64) (r *Router, clock *fakeClock, rng *rand.Rand, system string, cps []prefix.Checkpoint) {
+// promptRouter starts a router of three targets (testConfig, with extra) on a fake
+// clock, with a system prompt of about 1000 tokens drawn from seed and the prompt's
+// checkpoints, recorded nowhere yet.
+func promptRouter(t *testing.T, seed int64, extra string) (r *Router, clock *fakeClock, rng *rand.Rand, system string, cps []prefix.Checkpoint) {
 	clock = &fakeClock{ms: 1e6}
-	r = NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
+	r = NewRouter(testConfig(t, extra), state.NewMemoryStore(), clock.now)
 	rng = rand.New(rand.NewSource(seed))
 	system = words(rng, 4000)
 	q := textRequest(system, 1)

@@ -1453,7 +1453,8 @@ func (r *Router) soonest(v *poolView, req *extract.Request, pr *prompt) []int {
 // holdersOverShare returns the tokens of the deepest match among cands when every
 // candidate should be weighed as holding it (0 otherwise). A first turn commits its
 // conversation's later turns to its target, and by its own wait it always keeps a long
-// prompt on its holders: so while they carry more of the pool's recent requests than
+// prompt on its holders: so while they carry more of the pool's recent requests (each
+// at its target's pace, requestPace: a slower engine takes longer over each) than
 // their share would be with one more holder, and that load costs there (they run as
 // many as an engine has running slots, or their recent work reaches 1/turnoverShare of
 // the prefix cache stated for them, evicting their conversations' histories), a copy
@@ -1476,14 +1477,17 @@ func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt,
 	}
 	bt := r.cfg.Prefix.BlockTokens
 	copies := int64(maxCopies(len(v.eligible)))
-	var holders, sent, running, recentWork, cache, learned int64
+	var holders, running, recentWork, cache, learned int64
+	var sent, total float64
 	for _, i := range v.eligible {
+		l := &v.loads[i]
+		at := float64(l.RecentSent) * v.requestPace(i)
+		total += at
 		if min(pr.matched[i]*bt, req.Tokens) < deepest {
 			continue
 		}
-		l := &v.loads[i]
 		holders++
-		sent += l.RecentSent
+		sent += at
 		running += l.Requests
 		if size := r.cacheLimit(v.pool, v.pool.targets.Targets[i].ID); size > 0 {
 			recentWork += l.Recent
@@ -1502,7 +1506,7 @@ func (r *Router) holdersOverShare(v *poolView, req *extract.Request, pr *prompt,
 	if evicting || idle {
 		share = holders
 	}
-	if holders >= copies || sent*int64(len(v.eligible)) <= v.total.RecentSent*share {
+	if holders >= copies || sent*float64(len(v.eligible)) <= total*float64(share) {
 		return 0
 	}
 	if evicting {
