@@ -215,16 +215,9 @@ func TestFirstTurnsLeaveASlowHolderAtItsShareByCount(t *testing.T) {
 	}{{1100, true}, {2000, false}} {
 		r, clock, rng, system, cps := promptRouter(t, 77, `,"prefix":{"target_cache_tokens":8000}`)
 		ts := r.DecodeTargets()
-		l := r.decode.ledger
-		for k, tg := range ts {
-			ms := int64(1000)
-			if k == 0 {
-				ms = tc.slow
-			}
-			tk, err := l.AcquireQueued(tg.ID, 2000, 2000, clock.ms, clock.ms)
-			require.NoError(t, err)
-			require.NoError(t, l.FirstChunk(&tk, clock.ms+ms))
-			require.NoError(t, l.Release(tk, func() int64 { return clock.ms + ms }))
+		computeIn(t, r, clock, ts[0], 2000, tc.slow)
+		for _, tg := range ts[1:] {
+			computeIn(t, r, clock, tg, 2000, 1000)
 		}
 		clock.ms += tc.slow
 		sendDone(t, r, clock, ts[0], 19, 10)

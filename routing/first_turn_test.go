@@ -561,13 +561,8 @@ func TestFirstTurnsOnACachedPromptCountRequestsAtTheTargetsRate(t *testing.T) {
 	}{{2000, 1}, {1100, 0}} {
 		r, clock, rng, system, cps := promptRouter(t, 75, "")
 		ts := r.DecodeTargets()
-		l := r.decode.ledger
-		for k, ms := range []int64{tc.slow, 1000} {
-			tk, err := l.AcquireQueued(ts[k].ID, 1000, 1000, clock.ms, clock.ms)
-			require.NoError(t, err)
-			require.NoError(t, l.FirstChunk(&tk, clock.ms+ms))
-			require.NoError(t, l.Release(tk, func() int64 { return clock.ms + ms }))
-		}
+		computeIn(t, r, clock, ts[0], 1000, tc.slow)
+		computeIn(t, r, clock, ts[1], 1000, 1000)
 		clock.ms += tc.slow
 		sendDone(t, r, clock, ts[0], 19, 10)
 		sendDone(t, r, clock, ts[1], 20, 10)
@@ -615,6 +610,17 @@ func promptRouter(t *testing.T, seed int64, extra string) (r *Router, clock *fak
 	q := textRequest(system, 1)
 	cps, _ = prefix.HashCheckpoints(q.Model, q.Prompt, q.BlockBytes, nil)
 	return r, clock, rng, system, cps
+}
+
+// computeIn sends tg a request of tokens uncached tokens whose first chunk comes back
+// ms later (a sample of its rate), and ends it; the clock stays.
+func computeIn(t *testing.T, r *Router, clock *fakeClock, tg Target, tokens, ms int64) {
+	t.Helper()
+	l := r.decode.ledger
+	tk, err := l.AcquireQueued(tg.ID, tokens, tokens, clock.ms, clock.ms)
+	require.NoError(t, err)
+	require.NoError(t, l.FirstChunk(&tk, clock.ms+ms))
+	require.NoError(t, l.Release(tk, func() int64 { return clock.ms + ms }))
 }
 
 // sendDone sends tg n requests of 1000 tokens, uncached of them to compute, and ends
