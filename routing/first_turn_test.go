@@ -536,13 +536,11 @@ func TestFirstTurnsOnACachedPromptCountRecentRequests(t *testing.T) {
 		sendDone(t, r, clock, ts[0], tc.cheap, 10)
 		sendDone(t, r, clock, ts[1], 2, 1000)
 		sendDone(t, r, clock, ts[2], 2, 1000)
+		held := ts[:0]
 		if tc.cached {
-			for _, tg := range ts[:2] {
-				r.decode.index.Record(cps, tg.ID, 0, 0)
-			}
+			held = ts[:2]
 		}
-		clock.ms += 1000
-		got := newConversation(t, r, system+words(rng, 400), 2, 9).Target
+		got := firstTurnOnHeld(t, r, clock, rng, system, cps, held...)
 		assert.Equal(t, ts[tc.got].Address, got.Address, "%+v", tc)
 	}
 }
@@ -567,11 +565,7 @@ func TestFirstTurnsOnACachedPromptCountRequestsAtTheTargetsRate(t *testing.T) {
 		sendDone(t, r, clock, ts[0], 19, 10)
 		sendDone(t, r, clock, ts[1], 20, 10)
 		sendDone(t, r, clock, ts[2], 2, 1000)
-		for _, tg := range ts[:2] {
-			r.decode.index.Record(cps, tg.ID, 0, 0)
-		}
-		clock.ms += 1000
-		got := newConversation(t, r, system+words(rng, 400), 2, 9).Target
+		got := firstTurnOnHeld(t, r, clock, rng, system, cps, ts[:2]...)
 		assert.Equal(t, ts[tc.got].Address, got.Address, "%+v", tc)
 	}
 }
@@ -610,6 +604,17 @@ func promptRouter(t *testing.T, seed int64, extra string) (r *Router, clock *fak
 	q := textRequest(system, 1)
 	cps, _ = prefix.HashCheckpoints(q.Model, q.Prompt, q.BlockBytes, nil)
 	return r, clock, rng, system, cps
+}
+
+// firstTurnOnHeld records the prompt's checkpoints on held and, a second later, returns
+// where the first turn of a new conversation on the prompt goes.
+func firstTurnOnHeld(t *testing.T, r *Router, clock *fakeClock, rng *rand.Rand, system string, cps []prefix.Checkpoint, held ...Target) Target {
+	t.Helper()
+	for _, tg := range held {
+		r.decode.index.Record(cps, tg.ID, 0, 0)
+	}
+	clock.ms += 1000
+	return newConversation(t, r, system+words(rng, 400), 2, 9).Target
 }
 
 // computeIn sends tg a request of tokens uncached tokens whose first chunk comes back
