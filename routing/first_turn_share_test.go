@@ -223,9 +223,7 @@ func TestFirstTurnsLeaveASlowHolderAtItsShareByCount(t *testing.T) {
 		sendDone(t, r, clock, ts[0], 19, 10)
 		sendDone(t, r, clock, ts[1], 4, 10)
 		sendDone(t, r, clock, ts[2], 4, 10)
-		r.decode.index.Record(cps, ts[0].ID, 0, 0)
-		clock.ms += 1000
-		got := newConversation(t, r, system+words(rng, 400), 2, 9).Target
+		got := firstTurnOnHeld(t, r, clock, rng, system, cps, ts[0])
 		assert.Equal(t, tc.held, got.ID == ts[0].ID, "%+v", tc)
 	}
 }

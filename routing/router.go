@@ -1572,8 +1572,8 @@ func (v *poolView) spreadLoad(i int, cached bool) int64 {
 	}
 	l := &v.loads[i]
 	work := l.Recent
-	if v.rate > 0 && l.RateMS >= minPaceMS && l.RateTokens > 0 {
-		work = int64(float64(l.Recent) * (v.rate * float64(l.RateMS) / float64(l.RateTokens)))
+	if slow, ok := v.slowness(i); ok {
+		work = int64(float64(l.Recent) * slow)
 	}
 	if t := &v.total; cached && t.RecentSent > 0 {
 		requests := l.RecentSent * t.Recent / t.RecentSent
@@ -1591,14 +1591,21 @@ func (v *poolView) spreadLoad(i int, cached bool) int64 {
 // in few whole numbers, often equal on two targets, and rates a few hundredths apart
 // tell the queueing in their samples, not a slower engine.
 func (v *poolView) requestPace(i int) float64 {
-	l := &v.loads[i]
-	if v.rate > 0 && l.RateMS >= minPaceMS && l.RateTokens > 0 {
-		slow := v.rate * float64(l.RateMS) / float64(l.RateTokens)
-		if slow > sameRate || slow*sameRate < 1 {
-			return slow
-		}
+	if slow, ok := v.slowness(i); ok && (slow > sameRate || slow*sameRate < 1) {
+		return slow
 	}
 	return 1
+}
+
+// slowness is the pool's prefill rate over target i's: how many times longer the
+// target takes over a token. ok is false until the target's first chunks have timed
+// minPaceMS of its prefill.
+func (v *poolView) slowness(i int) (slow float64, ok bool) {
+	l := &v.loads[i]
+	if v.rate <= 0 || l.RateMS < minPaceMS || l.RateTokens <= 0 {
+		return 1, false
+	}
+	return v.rate * float64(l.RateMS) / float64(l.RateTokens), true
 }
 
 // sameRate: a target whose measured rate is within this factor of the pool's counts its
