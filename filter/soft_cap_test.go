@@ -165,10 +165,11 @@ func TestFirstTurnLeavesATargetOutOfRunningSlots(t *testing.T) {
 
 func TestTheRunningSlotsSeen(t *testing.T) {
 	// As above: sixteen decoding on rank 1 and two waiting for a slot there, seen
-	// full by a request. Then the two get their slots: rank 1 is not full now, but
-	// runs eighteen, more than the sixteen it was seen full at: a request whose prompt
-	// only rank 1 caches goes elsewhere, as the wait for a slot there, with every
-	// request sent at once, is long. With fifteen in flight there it takes rank 1. So
+	// full by a request. Then two replies end, the two waiting get their slots, and
+	// two more sent there start at once: rank 1 is not full now, but runs eighteen,
+	// more than the sixteen it was seen full at: a request whose prompt only rank 1
+	// caches goes elsewhere, as the wait for a slot there, with every request sent at
+	// once, is long. With fourteen in flight there it takes rank 1. So
 	// for new conversations and for requests without an id alike. Ranks 0 and 2 run
 	// fifteen each, so that rank 1 stays under the fair-share cap.
 	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
@@ -197,15 +198,18 @@ func slotsSeenCase(t *testing.T, cfg string, ids bool) {
 			return rank
 		}
 		assert.NotEqual(t, "1", newConversation(systems[0], "a"), "full now")
+		h.endStream(held[14])
+		h.endStream(held[15])
 		h.firstChunk(held[16])
 		h.firstChunk(held[17])
+		held = append(held, decodingOn(h, prose(rng, 100), "1"), decodingOn(h, prose(rng, 100), "1"))
 		h.advance(100)
-		assert.NotEqual(t, "1", newConversation(systems[1], "b"), "as many in flight as seen full")
-		for _, id := range held[15:] {
+		assert.NotEqual(t, "1", newConversation(systems[1], "b"), "more in flight than seen full")
+		for _, id := range held[16:] {
 			h.endStream(id)
 		}
 		assert.Equal(t, "1", newConversation(systems[2], "c"), "under the count seen")
-		for _, id := range append(held[:15], others...) {
+		for _, id := range append(held[:14], others...) {
 			h.endStream(id)
 		}
 	})
@@ -832,4 +836,47 @@ func TestAFirstTurnPayingForACopySpreadsByWorkInFilter(t *testing.T) {
 			h.endStream(id)
 		}
 	})
+}
+
+func TestALateFirstChunkShowsATargetOutOfRunningSlots(t *testing.T) {
+	// Rank 1, its rate known, runs sixteen streamed replies; a seventeenth request of a
+	// few tokens is sent there and its first chunk comes a second later, when a
+	// prefill that small was due in ms: it waited for a running slot, so rank 1 runs
+	// all its slots at seventeen. A new conversation on a prompt only rank 1 caches
+	// then goes elsewhere. Its first chunk on time, or a few ms late, says nothing of
+	// the slots: the holder keeps the conversation. Fewer than sixteen running, a late
+	// chunk is more likely a slow engine step than a slot (ranks 0 and 2 then run
+	// ten, fewer than a sighting would count). Else ranks 0 and 2 run fifteen each,
+	// so that rank 1 stays under the fair-share cap.
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	for _, tc := range []struct {
+		running, lateMS, others int
+		holder                  bool
+	}{{16, 1000, 15, false}, {16, 20, 15, true}, {16, 0, 15, true}, {14, 1000, 10, true}} {
+		t.Run(fmt.Sprint(tc.running, " running, ", tc.lateMS, " ms"), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(31))
+				system := systemOnRank1(h, rng)
+				var held []uint32
+				for i := 0; i < 2*tc.others; i++ {
+					held = append(held, decodingOn(h, prose(rng, 100), fmt.Sprint(i%2*2)))
+				}
+				for i := 0; i < tc.running; i++ {
+					held = append(held, decodingOn(h, prose(rng, 100), "1"))
+				}
+				id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), [2]string{"x-data-parallel-rank", "1"}))
+				h.stream(id)
+				h.advance(tc.lateMS)
+				h.firstChunk(id)
+				held = append(held, id)
+				_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", "c"}))
+				assert.Equal(t, "new-conversation", decision)
+				assert.Equal(t, tc.holder, rank == "1", "rank %s", rank)
+				for _, id := range held {
+					h.endStream(id)
+				}
+			})
+		})
+	}
 }

@@ -639,3 +639,41 @@ func sendDone(t *testing.T, r *Router, clock *fakeClock, tg Target, n int, uncac
 		require.NoError(t, l.Release(tk, clock.now))
 	}
 }
+
+func TestALateFirstChunkIsASightingOutOfSlots(t *testing.T) {
+	// Sixteen requests past their first chunk on target 7 (a hundred tokens each in a
+	// ms, so the rate is a hundred tokens a ms), then a seventeenth sent, due 10 ms
+	// later. Its first chunk a second late, or just over twice its 10 ms and 100 ms
+	// past that, records the target out of running slots at seventeen; at that bound,
+	// or with fewer than sixteen running before it, or with the copy it counted on
+	// found gone (a prefill the rate explains), it records none.
+	for _, tc := range []struct {
+		name           string
+		running        int
+		lateMS, cached int64
+		seen           int64
+	}{{"late", 16, 1000, 0, 17}, {"just late", 16, 121, 0, 17}, {"at the bound", 16, 120, 0, 0}, {"few running", 14, 1000, 0, 0}, {"copy gone", 16, 1000, 100000, 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := int64(1e6)
+			l := NewLoadLedger(state.NewMemoryStore(), "ns", "decode", 600000, 8)
+			for i := 0; i < tc.running; i++ {
+				var tk LoadTicket
+				require.NoError(t, l.acquireInto(&tk, 7, 100, 100, 0, now-1))
+				require.NoError(t, l.FirstChunk(&tk, now))
+			}
+			var tk LoadTicket
+			require.NoError(t, l.acquireInto(&tk, 7, 100, 100, 0, now))
+			tk.DueMS, tk.Cached = now+10, tc.cached
+			require.NoError(t, l.FirstChunk(&tk, now+tc.lateMS))
+			got := make([]Load, 1)
+			require.NoError(t, l.LoadsInto(now+tc.lateMS, func(id uint64) int {
+				if id == 7 {
+					return 0
+				}
+				return -1
+			}, got))
+			assert.Equal(t, tc.seen, got[0].FullRunning)
+			assert.Equal(t, tc.seen != 0, got[0].FullAt == now+tc.lateMS)
+		})
+	}
+}

@@ -284,7 +284,11 @@ type LoadTicket struct {
 	// unset, as its engine reported it to the decision (0: unknown): where the
 	// learning starts and the most it learns.
 	CacheLimit int64
-	Valid      bool
+	// DueMS is when the request's first chunk is due: what was queued ahead of it and
+	// its own prefill, computed at the target's rate (0: no rate known). One that
+	// comes much later waited for a running slot (FirstChunk).
+	DueMS int64
+	Valid bool
 }
 
 // NewLoadLedger returns the ledger of one pool.
@@ -694,7 +698,7 @@ func (l *LoadLedger) acquireInto(t *LoadTicket, target uint64, tokens, prefill, 
 		prefill: prefill, written: prefill, since: since, chunk: 0, rateTok: 0, rateMS: 0,
 		recent: prefill, recentSent: 1, recentEpoch: nowMS >> recentHalfLifeShift}
 	err := l.note(&d, func() int64 { return nowMS })
-	t.Target, t.Epoch, t.Tokens, t.Prefill, t.SentMS, t.Valid = target, epoch, tokens, prefill, nowMS, true
+	t.Target, t.Epoch, t.Tokens, t.Prefill, t.SentMS, t.DueMS, t.Valid = target, epoch, tokens, prefill, nowMS, 0, true
 	return err
 }
 
@@ -719,7 +723,8 @@ func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 	}
 	took := max(1, nowMS-max(t.SentMS, prev[0].Chunk))
 	d := ledgerDelta{target: t.Target, epoch: t.Epoch, prefills: -1, prefill: -t.Prefill, since: nowMS, chunk: nowMS, rateTok: t.Prefill, rateMS: took}
-	if hit := cacheNews(t, took, &prev[0]); hit != 0 {
+	hit := cacheNews(t, took, &prev[0])
+	if hit != 0 {
 		// The copy's head of Cached tokens outlives the writes after it while they and
 		// it fit the cache (PrefixSearch.live): its age against the cache is both.
 		d.cacheHit, d.cacheAge, d.cacheLimit = hit, t.CacheAge+t.Cached, t.CacheLimit
@@ -727,9 +732,34 @@ func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 			d.rateTok += t.Cached // the copy was computed again
 		}
 	}
+	if hit >= 0 && waitedForSlot(t, nowMS) {
+		// The request started only now, as another ended: the engine runs all its
+		// slots, this one among them. A copy found gone explains the wait otherwise.
+		if running := prev[0].Requests - prev[0].Prefills + 1; running >= slotsFullRunning &&
+			(running != prev[0].FullRunning || nowMS-prev[0].FullAt >= slotsMemoryMS/8) {
+			d.fullRunning, d.fullAt = running, nowMS
+		}
+	}
 	t.Prefill = 0
 	return l.note(&d, func() int64 { return nowMS })
 }
+
+// waitedForSlot reports whether a first chunk at nowMS came so long after it was due
+// (LoadTicket.DueMS) that the request waited for a running slot: more than
+// stallFactor times its expected wait and slotWaitFloorMS past that, which neither a
+// rate's error nor an engine step explains. An engine's backlog of requests for its
+// slots shows here at once, while Load.OutOfSlots sees it only once the queued
+// prefill is estimated done, which every first chunk postpones.
+func waitedForSlot(t *LoadTicket, nowMS int64) bool {
+	if t.DueMS <= 0 {
+		return false
+	}
+	return nowMS-t.SentMS > stallFactor*max(0, t.DueMS-t.SentMS)+slotWaitFloorMS
+}
+
+// slotWaitFloorMS is the least a first chunk must be late to count as a wait for a
+// running slot: an engine step with a full batch takes tens of ms.
+const slotWaitFloorMS = 100
 
 // mergeFull is the later of two sightings of a target out of running slots (of the
 // same time, the one with more running): the engine's slots as last seen, whichever

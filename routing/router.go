@@ -793,6 +793,15 @@ func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int
 	}
 	since := v.loads[choice].SinceAfterSend(nowMS)
 	err = p.ledger.acquireInto(ticket, id, int64(req.Tokens), uncached, since, nowMS)
+	if l := &v.loads[choice]; uncached > 0 {
+		rate := v.rate
+		if l.RateMS > 0 {
+			rate = float64(l.RateTokens) / float64(l.RateMS)
+		}
+		if rate > 0 {
+			ticket.DueMS = nowMS + int64(float64(v.ahead[choice]+uncached)/rate)
+		}
+	}
 	if age >= 0 {
 		// The first chunk judges the copy's tail past the head; the head counts in
 		// its age, as the cache must hold it for the tail to be there.
