@@ -164,14 +164,16 @@ func TestFirstTurnLeavesATargetOutOfRunningSlots(t *testing.T) {
 }
 
 func TestTheRunningSlotsSeen(t *testing.T) {
-	// As above: sixteen decoding on rank 1 and two waiting for a slot there, seen
-	// full by a request. Then two replies end, the two waiting get their slots, and
-	// two more sent there start at once: rank 1 is not full now, but runs eighteen,
-	// more than the sixteen it was seen full at: a request whose prompt only rank 1
-	// caches goes elsewhere, as the wait for a slot there, with every request sent at
-	// once, is long. With fourteen in flight there it takes rank 1. So
-	// for new conversations and for requests without an id alike. Ranks 0 and 2 run
-	// fifteen each, so that rank 1 stays under the fair-share cap.
+	// As above, in a pool that has served for ten seconds (ranks 0 and 2 each
+	// computed a long prompt, so that every rate is known): sixteen decoding on rank
+	// 1 and two waiting for a slot there, seen full by a request. Then two replies
+	// end, the two waiting get their slots, and two more sent there start at once:
+	// rank 1 is not full now, but runs eighteen, more than the sixteen it was seen
+	// full at: a request whose prompt only rank 1 caches goes elsewhere, as the wait
+	// for a slot there, with every request sent at once, is long. With fourteen in
+	// flight there it takes rank 1. So for new conversations and for requests
+	// without an id alike. Ranks 0 and 2 run fifteen each, so that rank 1 stays under
+	// the fair-share cap.
 	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
 	for _, ids := range []bool{true, false} {
 		t.Run(fmt.Sprint("conversation ids ", ids), func(t *testing.T) { slotsSeenCase(t, cfg, ids) })
@@ -187,6 +189,10 @@ func slotsSeenCase(t *testing.T, cfg string, ids bool) {
 			systems = append(systems, prose(rng, 16000))
 			computeChatOn(h, systems[i]+prose(rng, 800), "1", 100)
 		}
+		for _, r := range []string{"0", "2"} {
+			computeChatOn(h, prose(rng, 16800), r, 100)
+		}
+		h.advance(10000)
 		held, others := fillRank1(h, rng)
 		newConversation := func(system, session string) string {
 			if !ids {
@@ -660,8 +666,8 @@ func TestFirstTurnsMakeNoMoreHoldersThanCopiesByDemand(t *testing.T) {
 func TestATurnWhoseHistoryEveryRankHoldsLeavesAtTheSlotCount(t *testing.T) {
 	// A conversation placed on rank 1 whose history is mostly a long system prompt
 	// that every rank has computed. Ranks 0 and 2 were sent 1 000 short requests
-	// lately, so a slot frees often (with many more, a slot's wait would cost less
-	// than leaving, and the turn would stay by the cost too). Rank 1 then runs
+	// over the last 66 s, so a slot frees often (with many more, a slot's wait would
+	// cost less than leaving, and the turn would stay by the cost too). Rank 1 then runs
 	// sixteen with two waiting for a slot, and is seen full. The wait for two slots is
 	// less than computing what rank 1 caches again, so an outright keep would hold
 	// the turn; but elsewhere the turn computes only its own words, which costs less
@@ -676,6 +682,7 @@ func TestATurnWhoseHistoryEveryRankHoldsLeavesAtTheSlotCount(t *testing.T) {
 		}
 		for i := 0; i < 1000; i++ {
 			computeChatOn(h, "hi", fmt.Sprint(i%2*2), 0)
+			h.advance(66)
 		}
 		history := system + prose(rng, 400)
 		_, rank, _ := h.route(post("/v1/chat/completions", chat(history),
@@ -842,38 +849,50 @@ func TestALateFirstChunkShowsATargetOutOfRunningSlots(t *testing.T) {
 	// Rank 1, its rate known, runs sixteen streamed replies; a seventeenth request of a
 	// few tokens is sent there and its first chunk comes a second later, when a
 	// prefill that small was due in ms: it waited for a running slot, so rank 1 runs
-	// all its slots at seventeen. A new conversation on a prompt only rank 1 caches
-	// then goes elsewhere. Its first chunk on time, or a few ms late, says nothing of
-	// the slots: the holder keeps the conversation. Fewer than sixteen running, a late
-	// chunk is more likely a slow engine step than a slot (ranks 0 and 2 then run
-	// ten, fewer than a sighting would count). Else ranks 0 and 2 run fifteen each,
-	// so that rank 1 stays under the fair-share cap.
+	// all its slots at seventeen. Then rank 1 drains: it has worked most lately and
+	// runs none, rank 0 runs ten and rank 2 fifteen. Once a slot count has been seen, a
+	// new conversation whose prompt no rank caches goes where the fewest requests are
+	// in flight (TestAFirstTurnSpreadsRequestsInFlightOnceSlotsBind): rank 1. Its
+	// first chunk on time, or a few ms late, says nothing of the slots, nor does a
+	// late one with fewer than sixteen running (more likely a slow engine step than a
+	// slot): the conversation goes to rank 0, which has worked least lately.
 	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
 	for _, tc := range []struct {
-		running, lateMS, others int
-		holder                  bool
-	}{{16, 1000, 15, false}, {16, 20, 15, true}, {16, 0, 15, true}, {14, 1000, 10, true}} {
+		running, lateMS int
+		seen            bool
+	}{{16, 1000, true}, {16, 20, false}, {16, 0, false}, {14, 1000, false}} {
 		t.Run(fmt.Sprint(tc.running, " running, ", tc.lateMS, " ms"), func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
 				h := startHost(t, vm, cfg)
 				rng := rand.New(rand.NewSource(31))
-				system := systemOnRank1(h, rng)
-				var held []uint32
-				for i := 0; i < 2*tc.others; i++ {
-					held = append(held, decodingOn(h, prose(rng, 100), fmt.Sprint(i%2*2)))
+				computeChatOn(h, prose(rng, 16800), "1", 100)
+				var others, rank1 []uint32
+				for i := 0; i < 25; i++ {
+					rank := "2"
+					if i < 20 && i%2 == 0 {
+						rank = "0"
+					}
+					others = append(others, decodingOn(h, prose(rng, 100), rank))
 				}
 				for i := 0; i < tc.running; i++ {
-					held = append(held, decodingOn(h, prose(rng, 100), "1"))
+					rank1 = append(rank1, decodingOn(h, prose(rng, 100), "1"))
 				}
 				id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 100)), [2]string{"x-data-parallel-rank", "1"}))
 				h.stream(id)
 				h.advance(tc.lateMS)
 				h.firstChunk(id)
-				held = append(held, id)
-				_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), [2]string{"x-session-id", "c"}))
+				for _, id := range append(rank1, id) {
+					h.endStream(id)
+				}
+				h.advance(100)
+				_, rank, decision := h.route(post("/v1/chat/completions", chat(prose(rng, 800)), [2]string{"x-session-id", "s"}))
 				assert.Equal(t, "new-conversation", decision)
-				assert.Equal(t, tc.holder, rank == "1", "rank %s", rank)
-				for _, id := range held {
+				want := "0"
+				if tc.seen {
+					want = "1"
+				}
+				assert.Equal(t, want, rank)
+				for _, id := range others {
 					h.endStream(id)
 				}
 			})

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"math"
 	"math/rand"
 	"testing"
 
@@ -293,10 +294,10 @@ func TestTheSlotWaitWeighedAgainstTheCache(t *testing.T) {
 					require.NoError(t, r.Release(d.Ticket))
 				}
 			}
-			// 2000 requests sent and ended lately, fifteen running on each other
-			// target, and the holder seen full at sixteen: a request stays about 1.9 s
-			// (46 in flight, 2000 sent in about 82 s), so one of sixteen slots frees
-			// about every 116 ms.
+			// 2000 requests sent and ended lately, since long before this VM's first
+			// view, fifteen running on each other target, and the holder seen full at
+			// sixteen: a request stays about 1.9 s (46 in flight, 2000 sent in about
+			// 82 s), so one of sixteen slots frees about every 116 ms.
 			for _, tg := range r.DecodeTargets() {
 				if tg.ID == holder.ID {
 					continue
@@ -311,6 +312,7 @@ func TestTheSlotWaitWeighedAgainstTheCache(t *testing.T) {
 					require.NoError(t, err)
 				}
 			}
+			r.decode.sendsFromMS = math.MinInt64 / 2
 			require.NoError(t, r.decode.ledger.SeenFull(holder.ID, 16, clock.ms))
 			for k := 0; k < tc.inFlight; k++ {
 				_, err := r.decode.ledger.Acquire(holder.ID, 100, clock.ms)
@@ -341,12 +343,51 @@ func TestSlotWait(t *testing.T) {
 	// 80 in flight, 1000 sent lately, half a half-life since the last halving (the
 	// sends are over 1.5 half-lives): a request stays 80 / (1000 / 98 304 ms) =
 	// 7864 ms; one of 16 slots frees every 491.52 ms, 4915 tokens at 10 a ms.
-	v := &poolView{total: Load{Requests: 80, RecentSent: 1000}, sentInFlight: 80, rate: 10, nowMS: 5*recentHalfLifeMS + recentHalfLifeMS/2}
+	pool := &poolState{sendsFromMS: math.MinInt64 / 2}
+	v := &poolView{pool: pool, total: Load{Requests: 80, RecentSent: 1000}, sentInFlight: 80, rate: 10, nowMS: 5*recentHalfLifeMS + recentHalfLifeMS/2}
 	assert.InDelta(t, 4915.2, v.slotWait(16), 0.01)
+	// The sends began 10 s ago, in this half-life: they are over 10 s, and a request
+	// stays 800 ms; one of 16 slots frees every 50 ms, 500 tokens.
+	pool.sendsFromMS = v.nowMS - 10000
+	assert.InDelta(t, 500, v.slotWait(16), 0.01)
+	pool.sendsFromMS = math.MinInt64 / 2
 	v.rate = 0
 	assert.Zero(t, v.slotWait(16), "no rate seen")
 	v.rate, v.total.RecentSent = 10, 0
 	assert.Zero(t, v.slotWait(16), "nothing sent lately")
+}
+
+func TestSendsWindow(t *testing.T) {
+	// Work sent at a steady rate since from counts, at now, as that rate over this.
+	const hl = recentHalfLifeMS
+	for _, tc := range []struct {
+		name     string
+		from     int64
+		now      int64
+		want     float64
+		maxDelta float64
+	}{
+		{"within the first half-life", 3*hl + 100, 3*hl + 10100, 10000, 0},
+		{"across one halving", 3*hl - 1000, 3*hl + 2000, 500 + 2000, 0},
+		{"a whole half-life between", 3*hl - 1000, 4*hl + 2000, 250 + hl/2 + 2000, 0},
+		{"long before: a half-life and the time since the halving", math.MinInt64 / 2, 9*hl + 5000, hl + 5000, 1e-6},
+		{"no time yet", 3 * hl, 3 * hl, 1, 0},
+	} {
+		assert.InDelta(t, tc.want, sendsWindow(tc.from, tc.now), tc.maxDelta, tc.name)
+	}
+	// A steady rate, halved at each boundary, agrees with it at every step.
+	const rate = 3.0
+	from := int64(hl/3 + 7)
+	sum, epoch := 0.0, from>>recentHalfLifeShift
+	for now := from + 1; now < 6*hl; now++ {
+		for ; epoch < now>>recentHalfLifeShift; epoch++ {
+			sum /= 2
+		}
+		sum += rate // sent over the ms just past
+		if now%997 == 0 {
+			assert.InDelta(t, sum, rate*sendsWindow(from, now), 2*rate, "at %d", now)
+		}
+	}
 }
 
 func TestSightingsOutOfSlots(t *testing.T) {

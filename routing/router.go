@@ -66,6 +66,11 @@ type poolState struct {
 	zeroInts  []int
 
 	disc *poolDiscovery // nil for a static pool
+
+	// sendsFromMS is when the pool's recent sends began, as far as this VM can tell:
+	// the last view that found none, else long before (its first view found some).
+	sendsFromMS int64
+	viewed      bool // whether a view has been taken (sendsFromMS is set)
 }
 
 // NewRouter builds a Router over store. now returns the current time in milliseconds.
@@ -240,6 +245,19 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 		}
 	}
 	v.total.Requests, v.total.Tokens, v.total.Recent, v.total.RecentSent, v.busiest = requests, tokens, recent, sent, busiest
+	poolSent := sent
+	if len(eligible) < len(loads) {
+		poolSent = 0
+		for i := range loads {
+			poolSent += loads[i].RecentSent
+		}
+	}
+	if poolSent == 0 {
+		p.sendsFromMS = nowMS
+	} else if !p.viewed {
+		p.sendsFromMS = math.MinInt64 / 2
+	}
+	p.viewed = true
 	if p.engine == nil {
 		sentInFlight = requests
 	}
@@ -475,18 +493,36 @@ func (v *poolView) outOfSlots(i int, most int64) bool {
 // slotWait estimates how long a request waits for a running slot on a target that runs
 // all of its slots, in tokens of prefill at the pool's rate: the time between two
 // requests' ends there. By Little's law a request stays in the pool its in-flight
-// requests over the rate they are sent, which the recent sends give (halved every
-// recentHalfLifeMS, they hold the rate times the half-life and the time since the
-// last halving); on a target of slots running ones, one ends every slots-th of that.
-// Both counts are the ledger's own: what an engine reports may include requests other
-// gateways sent, which the recent sends do not count.
+// requests over the rate they are sent, which the recent sends give over their
+// window (sendsWindow); on a target of slots running ones, one ends every slots-th of
+// that. Both counts are the ledger's own: what an engine reports may include requests
+// other gateways sent, which the recent sends do not count.
 func (v *poolView) slotWait(slots int64) float64 {
 	if v.total.RecentSent <= 0 || v.rate <= 0 || slots <= 0 {
 		return 0
 	}
-	window := float64(recentHalfLifeMS + v.nowMS%recentHalfLifeMS)
-	stay := float64(v.sentInFlight) * window / float64(v.total.RecentSent)
+	stay := float64(v.sentInFlight) * sendsWindow(v.pool.sendsFromMS, v.nowMS) / float64(v.total.RecentSent)
 	return stay / float64(slots) * v.rate
+}
+
+// sendsWindow is the time, in ms, over which recent work sent at a steady rate since
+// fromMS counts in full at nowMS: halved at every recentHalfLifeMS boundary, it is
+// that rate times this. Long after fromMS, it is a half-life and the time since the
+// last halving; in a pool's first half-life, only the time since its sends began,
+// which the steady-state figure would overstate many times.
+func sendsWindow(fromMS, nowMS int64) float64 {
+	epoch, first := nowMS>>recentHalfLifeShift, fromMS>>recentHalfLifeShift
+	if fromMS >= nowMS {
+		return 1
+	}
+	if epoch == first {
+		return float64(nowMS - fromMS)
+	}
+	// This epoch's part in full, each whole epoch between halved once more than the
+	// one after it, and the first epoch's part halved as often as epochs have passed.
+	k := int(min(epoch-first, 62))
+	firstPart := float64((first+1)<<recentHalfLifeShift - fromMS)
+	return float64(nowMS-epoch<<recentHalfLifeShift) + recentHalfLifeMS*(1-math.Ldexp(1, 1-k)) + math.Ldexp(firstPart, -k)
 }
 
 // maxSlotWait bounds a target's slot wait, in tokens, so that an estimate from a
