@@ -334,6 +334,11 @@ func (c *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) (action
 	if err := c.fleet.Router.FirstChunk(&c.decision.Ticket); err != nil {
 		c.plugin.metrics.stateConflicts.Increment(1)
 	}
+	if endOfStream {
+		// A body that ends at its first chunk was not streamed: how long its reply
+		// decoded is unknown, not nothing.
+		c.decision.Ticket.ChunkMS = 0
+	}
 	return types.ActionContinue
 }
 

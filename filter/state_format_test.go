@@ -63,15 +63,15 @@ func TestUpgradedFilterMeetsOldState(t *testing.T) {
 			if len(v) > 0 && v[0] != old[0] {
 				want := byte(1)
 				if strings.HasPrefix(k, "kvroute/load/") {
-					want = 6 // the ledger's format, with the running slots seen
+					want = 7 // the ledger's format, with the decode stays
 				}
 				assert.Equal(t, want, v[0], k)
 			}
 		}
 		v, _, _ := proxywasm.GetSharedData("kvroute/load/decode")
 		// Rewritten fresh: no load, only each target's write clock, prefill progress,
-		// recent work, cache and running slots seen (id, clock, since, chunk, rate,
-		// recent work, cache, slots seen, 0 slots).
-		assert.Len(t, v, 1+3*77)
+		// recent work, cache, running slots seen and decode stays (id, clock, since,
+		// chunk, rate, recent work, cache, slots seen, stays, 0 slots).
+		assert.Len(t, v, 1+3*93)
 	})
 }

@@ -718,3 +718,33 @@ func TestALateFirstChunkIsASightingOutOfSlots(t *testing.T) {
 		})
 	}
 }
+
+func TestDecodeStaysAreSharedAndHalved(t *testing.T) {
+	// Two replies on target 7 decode 3 s and 1 s from their first chunk to their
+	// release; a third, whose first chunk never came, adds nothing. Another VM reads
+	// both stays from the shared key; a half-life later each counts half.
+	store := state.NewMemoryStore()
+	now := int64(stayHalfLifeMS) * 100
+	l := NewLoadLedger(store, "ns", "decode", 600000, 8)
+	for _, ms := range []int64{3000, 1000, 0} {
+		tk, err := l.Acquire(7, 100, now)
+		require.NoError(t, err)
+		if ms > 0 {
+			tk.ChunkMS = now - ms
+		}
+		require.NoError(t, l.Release(tk, func() int64 { return now }))
+	}
+	require.NoError(t, l.Flush(now))
+	index := func(id uint64) int {
+		if id == 7 {
+			return 0
+		}
+		return -1
+	}
+	got := make([]Load, 1)
+	require.NoError(t, NewLoadLedger(store, "ns", "decode", 600000, 8).LoadsInto(now, index, got))
+	assert.Equal(t, [2]int64{4000, 2}, [2]int64{got[0].StayMS, got[0].Stays})
+	got[0] = Load{}
+	require.NoError(t, NewLoadLedger(store, "ns", "decode", 600000, 8).LoadsInto(now+stayHalfLifeMS, index, got))
+	assert.Equal(t, [2]int64{2000, 1}, [2]int64{got[0].StayMS, got[0].Stays})
+}

@@ -87,19 +87,21 @@ type ledgerDelta struct {
 	// the target was seen out of running slots at fullAt (ms; 0: no news) while
 	// running fullRunning requests past their first chunk (its epoch is ignored)
 	fullRunning, fullAt int64
+	// to the target's recent decode stays, as of stayEpoch (its epoch is ignored)
+	stayMS, stays, stayEpoch int64
 }
 
 // ledgerBatch is how many acquires and releases a VM holds before it writes them.
 const ledgerBatch = 16
 
 const (
-	ledgerFormat = 6
+	ledgerFormat = 7
 	ledgerSlots  = 8
 	// per target: id(8) written(8) since(8) chunk(8) rate tokens(4) rate ms(4)
 	// recent tokens(8) recent requests(4) recent epoch(4) cache(8) full running(4)
-	// full at(8) slot count(1); per slot: epoch(8) requests(4) prefills(4) tokens(8)
-	// prefill(8)
-	ledgerTargetHeader = 77
+	// full at(8) stay ms(8) stays(4) stay epoch(4) slot count(1); per slot: epoch(8)
+	// requests(4) prefills(4) tokens(8) prefill(8)
+	ledgerTargetHeader = 93
 	ledgerSlotBytes    = 32
 )
 
@@ -128,6 +130,14 @@ func addRecent(aTok, aSent, aEpoch, bTok, bSent, bEpoch int64) (tok, sent, epoch
 	return decayed(aTok, aEpoch, epoch) + decayed(bTok, bEpoch, epoch),
 		decayed(aSent, aEpoch, epoch) + decayed(bSent, bEpoch, epoch), epoch
 }
+
+// stayHalfLifeShift makes stayHalfLifeMS, the half-life of the recent decode stays, a
+// power of two, as recentHalfLifeShift does. It is short: the first replies to end
+// are the short ones, and the mean must follow the longer ones as they end.
+const (
+	stayHalfLifeShift = 12
+	stayHalfLifeMS    = 1 << stayHalfLifeShift
+)
 
 // rateWindowMS bounds the prefill time a target's rate is learned over: past it,
 // both sums are halved, so the rate follows an engine that changes (a new model, a
@@ -161,6 +171,11 @@ type Load struct {
 	// was last seen out of running slots (OutOfSlots), at FullAt ms (0: never; a
 	// sighting slotsMemoryMS old is dropped at the next flush).
 	FullRunning, FullAt int64
+
+	// The recent decode stays: the ms from first chunk to end of the requests that
+	// ended on the target, and how many they were, each halved every
+	// stayHalfLifeMS.
+	StayMS, Stays int64
 }
 
 // CacheOr is the target's cache: the learned one, at most limit (the size stated or
@@ -288,7 +303,10 @@ type LoadTicket struct {
 	// its own prefill, computed at the target's rate (0: no rate known). One that
 	// comes much later waited for a running slot (FirstChunk).
 	DueMS int64
-	Valid bool
+	// ChunkMS is when its first chunk came (0: not yet): from then to its release it
+	// decoded.
+	ChunkMS int64
+	Valid   bool
 }
 
 // NewLoadLedger returns the ledger of one pool.
@@ -322,12 +340,14 @@ type ledgerEntry struct {
 	recent, recentSent, recentEpoch int64
 	cache                           int64
 	fullRunning, fullAt             int64
+	stayMS, stays, stayEpoch        int64
 	slots                           []ledgerSlot
 }
 
 func (e *ledgerEntry) load() Load {
 	l := Load{Written: e.written, Since: e.since, Chunk: e.chunk, RateTokens: e.rateTok, RateMS: e.rateMS,
-		Recent: e.recent, RecentSent: e.recentSent, Cache: e.cache, FullRunning: e.fullRunning, FullAt: e.fullAt}
+		Recent: e.recent, RecentSent: e.recentSent, Cache: e.cache, FullRunning: e.fullRunning, FullAt: e.fullAt,
+		StayMS: e.stayMS, Stays: e.stays}
 	for _, s := range e.slots {
 		l.Requests += s.requests
 		l.Prefills += s.prefills
@@ -355,11 +375,13 @@ func decodeLedger(v []byte, oldest, nowMS int64) []ledgerEntry {
 			rateTok: int64(binary.LittleEndian.Uint32(v[32:])), rateMS: int64(binary.LittleEndian.Uint32(v[36:])),
 			recent: int64(binary.LittleEndian.Uint64(v[40:])), recentSent: int64(binary.LittleEndian.Uint32(v[48:])),
 			recentEpoch: int64(binary.LittleEndian.Uint32(v[52:])), cache: int64(binary.LittleEndian.Uint64(v[56:])),
-			fullRunning: int64(binary.LittleEndian.Uint32(v[64:])), fullAt: int64(binary.LittleEndian.Uint64(v[68:]))}
+			fullRunning: int64(binary.LittleEndian.Uint32(v[64:])), fullAt: int64(binary.LittleEndian.Uint64(v[68:])),
+			stayMS: int64(binary.LittleEndian.Uint64(v[76:])), stays: int64(binary.LittleEndian.Uint32(v[84:])),
+			stayEpoch: int64(binary.LittleEndian.Uint32(v[88:]))}
 		if !sightingLive(e.fullAt, nowMS) {
 			e.fullRunning, e.fullAt = 0, 0
 		}
-		n := int(v[76])
+		n := int(v[92])
 		v = v[ledgerTargetHeader:]
 		if len(v) < n*ledgerSlotBytes {
 			return nil
@@ -377,7 +399,7 @@ func decodeLedger(v []byte, oldest, nowMS int64) []ledgerEntry {
 				e.slots = append(e.slots, s)
 			}
 		}
-		if len(e.slots) > 0 || e.written > 0 || e.cache > 0 || e.fullAt > 0 {
+		if len(e.slots) > 0 || e.written > 0 || e.cache > 0 || e.fullAt > 0 || e.stays > 0 {
 			out = append(out, e)
 		}
 	}
@@ -398,7 +420,7 @@ func encodeLedger(entries []ledgerEntry, keepClock func(uint64) bool) []byte {
 				live++
 			}
 		}
-		if live == 0 && (e.written == 0 && e.cache == 0 && e.fullAt == 0 || keepClock != nil && !keepClock(e.target)) {
+		if live == 0 && (e.written == 0 && e.cache == 0 && e.fullAt == 0 && e.stays == 0 || keepClock != nil && !keepClock(e.target)) {
 			continue
 		}
 		out = binary.LittleEndian.AppendUint64(out, e.target)
@@ -413,6 +435,9 @@ func encodeLedger(entries []ledgerEntry, keepClock func(uint64) bool) []byte {
 		out = binary.LittleEndian.AppendUint64(out, uint64(e.cache))
 		out = binary.LittleEndian.AppendUint32(out, uint32(min(e.fullRunning, math.MaxUint32)))
 		out = binary.LittleEndian.AppendUint64(out, uint64(e.fullAt))
+		out = binary.LittleEndian.AppendUint64(out, uint64(e.stayMS))
+		out = binary.LittleEndian.AppendUint32(out, uint32(min(e.stays, math.MaxUint32)))
+		out = binary.LittleEndian.AppendUint32(out, uint32(e.stayEpoch))
 		out = append(out, byte(live))
 		for i := range e.slots {
 			if s := &e.slots[i]; s.live() {
@@ -437,7 +462,7 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 		}
 	}
 	oldest := l.oldestLiveEpoch(nowMS)
-	nowEpoch := nowMS >> recentHalfLifeShift
+	nowEpoch, stayEpoch := nowMS>>recentHalfLifeShift, nowMS>>stayHalfLifeShift
 	configured := l.configuredCache
 	if v := l.seen; len(v) >= 1 && v[0] == ledgerFormat {
 		for v = v[1:]; len(v) >= ledgerTargetHeader; {
@@ -454,8 +479,11 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 				l.RecentSent += decayed(int64(binary.LittleEndian.Uint32(v[48:])), epoch, nowEpoch)
 				l.Cache = int64(binary.LittleEndian.Uint64(v[56:]))
 				l.FullRunning, l.FullAt = int64(binary.LittleEndian.Uint32(v[64:])), int64(binary.LittleEndian.Uint64(v[68:]))
+				epoch = int64(binary.LittleEndian.Uint32(v[88:]))
+				l.StayMS += decayed(int64(binary.LittleEndian.Uint64(v[76:])), epoch, stayEpoch)
+				l.Stays += decayed(int64(binary.LittleEndian.Uint32(v[84:])), epoch, stayEpoch)
 			}
-			n := int(v[76])
+			n := int(v[92])
 			v = v[ledgerTargetHeader:]
 			if len(v) < n*ledgerSlotBytes {
 				break
@@ -481,6 +509,8 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 			l.RateMS += d.rateMS
 			l.Recent += decayed(d.recent, d.recentEpoch, nowEpoch)
 			l.RecentSent += decayed(d.recentSent, d.recentEpoch, nowEpoch)
+			l.StayMS += decayed(d.stayMS, d.stayEpoch, stayEpoch)
+			l.Stays += decayed(d.stays, d.stayEpoch, stayEpoch)
 			if d.cacheHit != 0 {
 				l.Cache = learnCache(l.Cache, cmp.Or(d.cacheLimit, configured), &d)
 			}
@@ -526,7 +556,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 	for i := range entries {
 		ld := entries[i].load()
 		ld.Written, ld.Since, ld.Chunk, ld.RateTokens, ld.RateMS = 0, 0, 0, 0, 0 // clocks, not load
-		ld.Recent, ld.RecentSent, ld.Cache, ld.FullRunning, ld.FullAt = 0, 0, 0, 0, 0
+		ld.Recent, ld.RecentSent, ld.Cache, ld.FullRunning, ld.FullAt, ld.StayMS, ld.Stays = 0, 0, 0, 0, 0, 0, 0
 		if ld.Requests > 0 || ld.Prefills > 0 || ld.Tokens > 0 || ld.Prefill > 0 {
 			out[entries[i].target] = ld
 		}
@@ -539,7 +569,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 // starts from, and stays at or under, the delta's cacheLimit, else configuredCache.
 func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest, configuredCache int64) []ledgerEntry {
 	for _, d := range deltas {
-		if d.epoch <= oldest && d.written == 0 && d.recentSent == 0 && !d.progress() && d.cacheHit == 0 && d.fullAt == 0 {
+		if d.epoch <= oldest && d.written == 0 && d.recentSent == 0 && !d.progress() && d.cacheHit == 0 && d.fullAt == 0 && d.stays == 0 {
 			continue
 		}
 		i := 0
@@ -565,6 +595,9 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest, configured
 		}
 		if d.fullAt != 0 {
 			e.fullRunning, e.fullAt = mergeFull(e.fullRunning, e.fullAt, d.fullRunning, d.fullAt)
+		}
+		if d.stays != 0 {
+			e.stayMS, e.stays, e.stayEpoch = addRecent(e.stayMS, e.stays, e.stayEpoch, d.stayMS, d.stays, d.stayEpoch)
 		}
 		if d.epoch <= oldest {
 			continue
@@ -604,6 +637,9 @@ func (l *LoadLedger) note(d *ledgerDelta, nowMS func() int64) error {
 			if d.fullAt != 0 {
 				p.fullRunning, p.fullAt = mergeFull(p.fullRunning, p.fullAt, d.fullRunning, d.fullAt)
 			}
+			if d.stays != 0 {
+				p.stayMS, p.stays, p.stayEpoch = addRecent(p.stayMS, p.stays, p.stayEpoch, d.stayMS, d.stays, d.stayEpoch)
+			}
 			merged = true
 			break
 		}
@@ -621,7 +657,7 @@ func (l *LoadLedger) note(d *ledgerDelta, nowMS func() int64) error {
 // were released within the batch cancel out.
 func (l *LoadLedger) hasChanges() bool {
 	for _, d := range l.pending {
-		if d.requests != 0 || d.prefills != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 || d.recentSent != 0 || d.progress() || d.cacheHit != 0 || d.fullAt != 0 {
+		if d.requests != 0 || d.prefills != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 || d.recentSent != 0 || d.progress() || d.cacheHit != 0 || d.fullAt != 0 || d.stays != 0 {
 			return true
 		}
 	}
@@ -698,7 +734,7 @@ func (l *LoadLedger) acquireInto(t *LoadTicket, target uint64, tokens, prefill, 
 		prefill: prefill, written: prefill, since: since, chunk: 0, rateTok: 0, rateMS: 0,
 		recent: prefill, recentSent: 1, recentEpoch: nowMS >> recentHalfLifeShift}
 	err := l.note(&d, func() int64 { return nowMS })
-	t.Target, t.Epoch, t.Tokens, t.Prefill, t.SentMS, t.DueMS, t.Valid = target, epoch, tokens, prefill, nowMS, 0, true
+	t.Target, t.Epoch, t.Tokens, t.Prefill, t.SentMS, t.DueMS, t.ChunkMS, t.Valid = target, epoch, tokens, prefill, nowMS, 0, 0, true
 	return err
 }
 
@@ -788,6 +824,12 @@ func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
 	d := ledgerDelta{target: t.Target, epoch: t.Epoch, requests: -1, tokens: -t.Tokens, prefill: -t.Prefill}
 	if t.Prefill > 0 {
 		d.prefills = -1
+	}
+	if t.ChunkMS > 0 {
+		// Its reply decoded from its first chunk to now.
+		nowMS := now()
+		d.stayMS, d.stays, d.stayEpoch = max(0, nowMS-t.ChunkMS), 1, nowMS>>stayHalfLifeShift
+		return l.note(&d, func() int64 { return nowMS })
 	}
 	return l.note(&d, now)
 }

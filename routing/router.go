@@ -52,6 +52,7 @@ type poolState struct {
 	everyTarget  []int // 0, 1, …: the view's eligible targets when every one is (read only)
 	candBuf      []int
 	copyBuf      []int                         // the candidates copyPlaces keeps
+	newCopyBuf   []int                         // the candidates placeCopy keeps
 	byID32       targetIndex                   // low 32 bits of a target id → index, as the prefix index keeps them
 	matchedBuf   []int                         // per target index: matched blocks of the request being decided
 	tokensBuf    []int                         // per target index: matched tokens, gated
@@ -143,6 +144,7 @@ func (ps *poolState) setTargets(eps []config.Endpoint) {
 	}
 	ps.candBuf = make([]int, 0, n)
 	ps.copyBuf = make([]int, 0, n)
+	ps.newCopyBuf = make([]int, 0, n)
 }
 
 // DecodeTargets and PrefillTargets expose the expanded pools (for gauges and tools).
@@ -187,6 +189,9 @@ type poolView struct {
 	// copyTokens is the tokens of the request's prefix when its demand needs another
 	// copy (copiesNeeded), else 0: a target without them counts computing them once.
 	copyTokens int
+	// copyNow says the prefix's holders are backlogged at their slots
+	// (holdersBacklogged): the request goes where a copy is made.
+	copyNow bool
 }
 
 // view reads health and load and works out eligibility and the fair-share cap.
@@ -279,7 +284,7 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	if sent > 0 {
 		v.perRequest = recent / sent
 	}
-	v.rate, v.nowMS, v.copyTokens = 0, nowMS, 0
+	v.rate, v.nowMS, v.copyTokens, v.copyNow = 0, nowMS, 0, false
 	if rms > 0 {
 		v.rate = float64(rtok) / float64(rms)
 	}
@@ -993,6 +998,11 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 		// No holder keeps it outright: each is weighed against a new copy.
 		r.lookup(v, pr)
 		cands = r.copyPlaces(v, cands, pr)
+		if v.copyNow {
+			if i, kind := r.placeCopy(v, req, pr, cands); i >= 0 {
+				return i, kind
+			}
+		}
 	} else {
 		// The deepest checkpoint's holders include those that hold the prompt a little
 		// further, to its last turn's end (PrefixSearch.Next): one of them left out at
@@ -1083,6 +1093,10 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 	if rms > 0 {
 		rate = float64(rtok) / float64(rms)
 	}
+	if holdersBacklogged(v, pr, found, int64(shared), rate) {
+		v.copyTokens, v.copyNow = shared, true
+		return true
+	}
 	// Neither demand seen over the last seconds nor requests queued now say whether
 	// the prefix is wanted as long as a longer copy takes to make, and a longer copy
 	// delays more of what its target is sent meanwhile.
@@ -1109,6 +1123,73 @@ func holdersStalled(v *poolView, found []prefix.PrefixMatch) bool {
 		}
 	}
 	return true
+}
+
+// holdersBacklogged reports whether every holder of the prefix runs all its running
+// slots (the count seen) with more requests waiting for one than its slots free
+// before a copy of the prefix could be made elsewhere. Its slots free as requests
+// end: the count seen over the pool's recent decode stay (Load.Stays) a ms, less the
+// requests the holder is sent a ms (its recent sends over their window), which take
+// the slots as they free. A copy takes the prefix's tokens and what waits least
+// ahead of them on an eligible target without the prefix, at the holders' rate. The
+// backlog then outlasts a copy, and the copy serves the prefix's requests from then
+// on; a new copy, far from its slots, calls for no other.
+func holdersBacklogged(v *poolView, pr *prompt, found []prefix.PrefixMatch, prefixTokens int64, rate float64) bool {
+	if v.slotsSeen <= 0 || v.total.RecentSent <= 0 || rate <= 0 {
+		return false
+	}
+	var stayMS, stays int64
+	least := int64(math.MaxInt64)
+	for _, i := range v.eligible {
+		stayMS += v.loads[i].StayMS
+		stays += v.loads[i].Stays
+		if pr.matched[i] == 0 {
+			least = min(least, v.ahead[i]+v.slotCharge(i))
+		}
+	}
+	if stays <= 0 || stayMS <= 0 || least == math.MaxInt64 {
+		return false
+	}
+	window := sendsWindow(v.pool.sendsFromMS, v.nowMS)
+	frees := float64(v.slotsSeen) * float64(stays) / float64(stayMS)
+	copyMS := float64(prefixTokens+least) / rate
+	for _, m := range found {
+		i := v.pool.byID32.get(uint64(m.Target))
+		if i < 0 || len(v.eligible) < len(v.loads) && !contains(v.eligible, i) {
+			return false
+		}
+		backlog := v.loads[i].Requests - v.slotsSeen
+		if backlog <= 0 {
+			return false
+		}
+		if spare := frees - float64(v.loads[i].RecentSent)/window; spare > 0 && float64(backlog) <= spare*copyMS {
+			return false
+		}
+	}
+	return true
+}
+
+// placeCopy places a request whose prefix's holders are backlogged at their slots
+// (holdersBacklogged) on the cheapest of cands that holds less than the prefix, where
+// its copy is made (-1 with none).
+func (r *Router) placeCopy(v *poolView, req *extract.Request, pr *prompt, cands []int) (int, Kind) {
+	bt := r.cfg.Prefix.BlockTokens
+	out := v.pool.newCopyBuf[:0]
+	for _, i := range cands {
+		if pr.matched[i]*bt < v.copyTokens {
+			out = append(out, i)
+		}
+	}
+	v.pool.newCopyBuf = out
+	if len(out) == 0 {
+		return -1, 0
+	}
+	matched := r.matchedTokens(v, req, pr, out)
+	i := r.cheapest(v, out, req, matched)
+	if matched != nil && pr.matched[i] > 0 {
+		return i, KindPrefix
+	}
+	return i, KindLoad
 }
 
 // holdersQueued reports whether the requests already queued for the prefix on every
@@ -1698,7 +1779,9 @@ func (r *Router) FirstChunk(t *LoadTicket) error {
 			t.CacheLimit = limit
 		}
 	}
-	return r.decode.ledger.FirstChunk(t, r.now())
+	now := r.now()
+	t.ChunkMS = now
+	return r.decode.ledger.FirstChunk(t, now)
 }
 
 // Release hands a decode ticket back. An error means the batch it joined could not be
