@@ -19,14 +19,19 @@ type Checkpoint struct {
 }
 
 // isCheckpoint reports whether block count k is on the checkpoint grid: every k up to
-// 16, then 8 evenly spaced points per octave ([2^l, 2^(l+1)) in steps of 2^(l-3)).
-// The largest grid point at or below any L is therefore above 7/8 of L, and a prompt
-// of n blocks has at most 16 + 8·log2(n/16) grid points.
+// 16, then 8 evenly spaced points per octave ([2^l, 2^(l+1)) in steps of 2^(l-3)),
+// and 32 (steps of 2^(l-5)) from fineOctave on. The largest grid point at or below
+// any L is therefore above 7/8 of L (31/32 past 2^fineOctave blocks), and a prompt of
+// n blocks has at most 16 + 8·log2(n/16) grid points, and 24 more per octave past
+// 2^fineOctave.
 func isCheckpoint(k int) bool {
 	if k <= 16 {
 		return k >= 1
 	}
 	l := bits.Len(uint(k)) - 1
+	if l >= fineOctave {
+		return k&(1<<(l-5)-1) == 0
+	}
 	return k&(1<<(l-3)-1) == 0
 }
 
@@ -177,8 +182,8 @@ func hashBetween(p *Prompt, i int, dst []uint64) []uint64 {
 }
 
 // checkpointGrid is every grid point in order, up to 2^40 blocks (16 up to 16, then 8
-// an octave).
-var checkpointGrid = func() (g [16 + 8*(40-4)]int) {
+// an octave, and 32 an octave from fineOctave on).
+var checkpointGrid = func() (g [16 + 8*(fineOctave-4) + 32*(40-fineOctave)]int) {
 	k := 0
 	for i := range g {
 		k = nextCheckpoint(k)
@@ -197,18 +202,29 @@ var gridCheckpoints = func() (g [len(checkpointGrid)]Checkpoint) {
 }()
 
 // gridPointsBelow is how many grid points are below n (at most len(checkpointGrid)):
-// every k up to 16, then 8 an octave.
+// every k up to 16, then 8 an octave, and 32 from fineOctave on.
 func gridPointsBelow(n int) int {
 	m := n - 1 // the largest block count counted
 	if m <= 16 {
 		return max(m, 0)
 	}
-	// m's octave is [2^l, 2^(l+1)); its points are 2^l + j·2^(l-3), j < 8, after the
-	// 15 below 16 and 8 in each octave from 16 on.
+	// m's octave is [2^l, 2^(l+1)); its points are 2^l + j·2^(l-3), j < 8 (from
+	// fineOctave on 2^l + j·2^(l-5), j < 32), after the 15 below 16 and those of each
+	// octave from 16 on.
 	l := bits.Len(uint(m)) - 1
-	inOctave := (m-1<<l)>>(l-3) + 1
-	return min(15+8*(l-4)+inOctave, len(checkpointGrid))
+	if l < fineOctave {
+		return 15 + 8*(l-4) + (m-1<<l)>>(l-3) + 1
+	}
+	inOctave := (m-1<<l)>>(l-5) + 1
+	return min(15+8*(fineOctave-4)+32*(l-fineOctave)+inOctave, len(checkpointGrid))
 }
+
+// fineOctave is the first octave of block counts with 32 grid points rather than 8,
+// 1 024 blocks (16 384 tokens at the default block): past it, the 12 % of a prompt
+// between two coarse points is thousands of tokens, which every request sharing the
+// prompt would count as computed, and the prefill rate its first chunk teaches would
+// be that many times too fast.
+const fineOctave = 10
 
 func xxRound(acc, input uint64) uint64 {
 	acc += input * xxPrime2
@@ -237,5 +253,8 @@ func nextCheckpoint(k int) int {
 	}
 	l := bits.Len(uint(k+1)) - 1 // the octave of k+1
 	step := 1 << (l - 3)
+	if l >= fineOctave {
+		step = 1 << (l - 5)
+	}
 	return (k/step + 1) * step
 }
