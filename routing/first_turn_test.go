@@ -722,7 +722,8 @@ func TestALateFirstChunkIsASightingOutOfSlots(t *testing.T) {
 func TestDecodeStaysAreSharedAndHalved(t *testing.T) {
 	// Two replies on target 7 decode 3 s and 1 s from their first chunk to their
 	// release; a third, whose first chunk never came, adds nothing. Another VM reads
-	// both stays from the shared key; a half-life later each counts half.
+	// both stays from the shared key (each end counts stayUnit); a half-life later
+	// each counts half.
 	store := state.NewMemoryStore()
 	now := int64(stayHalfLifeMS) * 100
 	l := NewLoadLedger(store, "ns", "decode", 600000, 8)
@@ -743,8 +744,12 @@ func TestDecodeStaysAreSharedAndHalved(t *testing.T) {
 	}
 	got := make([]Load, 1)
 	require.NoError(t, NewLoadLedger(store, "ns", "decode", 600000, 8).LoadsInto(now, index, got))
-	assert.Equal(t, [2]int64{4000, 2}, [2]int64{got[0].StayMS, got[0].Stays})
+	assert.Equal(t, [2]int64{4000, 2 * stayUnit}, [2]int64{got[0].StayMS, got[0].Stays})
 	got[0] = Load{}
 	require.NoError(t, NewLoadLedger(store, "ns", "decode", 600000, 8).LoadsInto(now+stayHalfLifeMS, index, got))
-	assert.Equal(t, [2]int64{2000, 1}, [2]int64{got[0].StayMS, got[0].Stays})
+	assert.Equal(t, [2]int64{2000, stayUnit}, [2]int64{got[0].StayMS, got[0].Stays})
+	// Eight half-lives later, a fraction of an end still counts with its ms.
+	got[0] = Load{}
+	require.NoError(t, NewLoadLedger(store, "ns", "decode", 600000, 8).LoadsInto(now+8*stayHalfLifeMS, index, got))
+	assert.Equal(t, [2]int64{4000 >> 8, 2 * stayUnit >> 8}, [2]int64{got[0].StayMS, got[0].Stays})
 }

@@ -133,10 +133,13 @@ func addRecent(aTok, aSent, aEpoch, bTok, bSent, bEpoch int64) (tok, sent, epoch
 
 // stayHalfLifeShift makes stayHalfLifeMS, the half-life of the recent decode stays, a
 // power of two, as recentHalfLifeShift does. It is short: the first replies to end
-// are the short ones, and the mean must follow the longer ones as they end.
+// are the short ones, and the mean must follow the longer ones as they end. Each end
+// counts stayUnit, so that halving keeps fractions of one: at a few ends a half-life,
+// a count of whole ends would halve to nothing while their ms did not.
 const (
-	stayHalfLifeShift = 12
+	stayHalfLifeShift = 11
 	stayHalfLifeMS    = 1 << stayHalfLifeShift
+	stayUnit          = 256
 )
 
 // rateWindowMS bounds the prefill time a target's rate is learned over: past it,
@@ -173,7 +176,7 @@ type Load struct {
 	FullRunning, FullAt int64
 
 	// The recent decode stays: the ms from first chunk to end of the requests that
-	// ended on the target, and how many they were, each halved every
+	// ended on the target, and how many they were in stayUnits, each halved every
 	// stayHalfLifeMS.
 	StayMS, Stays int64
 }
@@ -828,7 +831,7 @@ func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
 	if t.ChunkMS > 0 {
 		// Its reply decoded from its first chunk to now.
 		nowMS := now()
-		d.stayMS, d.stays, d.stayEpoch = max(0, nowMS-t.ChunkMS), 1, nowMS>>stayHalfLifeShift
+		d.stayMS, d.stays, d.stayEpoch = max(0, nowMS-t.ChunkMS), stayUnit, nowMS>>stayHalfLifeShift
 		return l.note(&d, func() int64 { return nowMS })
 	}
 	return l.note(&d, now)

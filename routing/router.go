@@ -835,6 +835,8 @@ func (r *Router) choose(p *poolState, req *extract.Request, pr *prompt, rank int
 	since := v.loads[choice].SinceAfterSend(nowMS)
 	err = p.ledger.acquireInto(ticket, id, int64(req.Tokens), uncached, since, nowMS)
 	if l := &v.loads[choice]; uncached > 0 {
+		// Its first chunk is due once what is queued ahead and its own prefill are
+		// computed, at the target's rate, else its peers' (LoadLedger.FirstChunk).
 		rate := v.rate
 		if l.RateMS > 0 {
 			rate = float64(l.RateTokens) / float64(l.RateMS)
@@ -1062,9 +1064,11 @@ func deepestAtCap(v *poolView, pr *prompt) int {
 // demand: the tokens of their own that the prefix's other requests brought lately
 // (Demand), at that pace, take more than copyLoad of its holders' time, or every
 // holder has stalled (holdersStalled), or the requests queued for it on every holder
-// wait longer than a copy takes (holdersQueued). Then
+// wait longer than a copy takes (holdersQueued), or every holder's backlog for its
+// running slots outlasts a copy (holdersBacklogged, which sets v.copyNow). Then
 // v.copyTokens is set to the prefix's tokens, which a target without them weighs as
-// its user's wait alone, and the cost decides whether this request makes a copy.
+// its user's wait alone, and the cost decides whether this request makes a copy (with
+// v.copyNow, where among the places without the prefix: placeCopy).
 func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) bool {
 	if pr.search == nil || v.rate <= 0 {
 		return false
@@ -1151,7 +1155,7 @@ func holdersBacklogged(v *poolView, pr *prompt, found []prefix.PrefixMatch, pref
 		return false
 	}
 	window := sendsWindow(v.pool.sendsFromMS, v.nowMS)
-	frees := float64(v.slotsSeen) * float64(stays) / float64(stayMS)
+	frees := float64(v.slotsSeen) * float64(stays) / stayUnit / float64(stayMS)
 	copyMS := float64(prefixTokens+least) / rate
 	for _, m := range found {
 		i := v.pool.byID32.get(uint64(m.Target))
