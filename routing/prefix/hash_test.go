@@ -79,7 +79,7 @@ func TestGridPointsBelowCountsTheGrid(t *testing.T) {
 
 func TestCheckpointGridIsEveryGridPoint(t *testing.T) {
 	var want []int
-	for k := 1; k <= 1<<12; k++ {
+	for k := 1; k <= 1<<(fineOctave+2); k++ {
 		if isCheckpoint(k) {
 			want = append(want, k)
 		}

@@ -61,7 +61,7 @@ func TestHashCheckpointsHashesEveryBlockOfLongPrompts(t *testing.T) {
 	cps, n := HashCheckpoints("m", p, 64, nil)
 	assert.Equal(t, 8192, n)
 	assert.Equal(t, 8192, cps[len(cps)-1].Pos)
-	assert.LessOrEqual(t, len(cps), 16+8*6+32*3+1)
+	assert.LessOrEqual(t, len(cps), 16+8*8+32*1+1)
 	q := append([]byte(nil), p...)
 	q[len(q)-1] ^= 1 // a change in the very last block
 	cq, _ := HashCheckpoints("m", q, 64, nil)
@@ -231,7 +231,7 @@ func TestPrefixIndexCostsNoHostCallPerRequest(t *testing.T) {
 			rand.New(rand.NewSource(int64(blocks))).Read(p)
 			cps, _ := HashCheckpoints("m", p, 8, nil)
 			octaves := bitsLen(blocks) - 5 // from 16 blocks on
-			assert.LessOrEqual(t, len(cps), 16+8*octaves+24*max(0, bitsLen(blocks)-1-10)+1, "O(log n) checkpoints")
+			assert.LessOrEqual(t, len(cps), 16+8*octaves+24*max(0, bitsLen(blocks)-1-fineOctave)+1, "O(log n) checkpoints")
 			x.Record(cps, 5, 0, 0)
 			got := x.Match(cps, func(uint32) bool { return true })
 			require.Len(t, got, 1)
@@ -393,7 +393,7 @@ func TestNextCheckpointWalksTheGrid(t *testing.T) {
 		k = next
 		n++
 	}
-	assert.Equal(t, 16+8*6+32*6, n)
+	assert.Equal(t, 16+8*8+32*4, n)
 }
 
 // A conversation's turn is matched on the target that served its previous turn at
