@@ -180,6 +180,46 @@ func TestTheRunningSlotsSeen(t *testing.T) {
 	}
 }
 
+func TestASlotWaitInAPoolsFirstSecondCountsThatSecond(t *testing.T) {
+	// As TestTheRunningSlotsSeen, but a second after the pool's first request: rank 1,
+	// seen full at sixteen, runs eighteen. Its requests in flight were sent over that
+	// second, so a request stays about a second there and one of sixteen slots frees
+	// every ~70 ms: three slots' wait costs less than computing again the prompt only
+	// rank 1 caches, and it keeps the request. Counted as if the sends spanned a
+	// half-life, the wait would be some fifty times as long, and the request would
+	// leave.
+	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	for _, ids := range []bool{true, false} {
+		t.Run(fmt.Sprint("conversation ids ", ids), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(23))
+				system := prose(rng, 16000)
+				computeChatOn(h, system+prose(rng, 800), "1", 100)
+				for _, r := range []string{"0", "2"} {
+					computeChatOn(h, prose(rng, 16800), r, 100)
+				}
+				held, others := fillRank1(h, rng)
+				h.route(post("/v1/chat/completions", chat(prose(rng, 100)))) // the sighting
+				h.endStream(held[14])
+				h.endStream(held[15])
+				h.firstChunk(held[16])
+				h.firstChunk(held[17])
+				held = append(held, decodingOn(h, prose(rng, 100), "1"), decodingOn(h, prose(rng, 100), "1"))
+				var headers [][2]string
+				if ids {
+					headers = append(headers, [2]string{"x-session-id", "a"})
+				}
+				_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), headers...))
+				assert.Equal(t, "1", rank, decision)
+				for _, id := range append(append(held[:14], held[16:]...), others...) {
+					h.endStream(id)
+				}
+			})
+		})
+	}
+}
+
 func slotsSeenCase(t *testing.T, cfg string, ids bool) {
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startHost(t, vm, cfg)
