@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math/rand"
 	"strings"
 	"testing"
 
@@ -368,4 +369,60 @@ func TestPrefillTargetsHaveGauges(t *testing.T) {
 			assert.Equal(t, int64(0), h.gauge(decodeActive))
 		})
 	})
+}
+
+// slotsSeenInLedger is the most running requests any target of pool was last seen out
+// of running slots at, as the shared ledger holds it after a tick.
+func (h *host) slotsSeenInLedger(pool string) int64 {
+	h.Tick()
+	ids := map[uint64]int{}
+	loads := make([]routing.Load, 16)
+	err := routing.NewLoadLedger(shareddata.Store{}, "kvroute", pool, 600000, 8).LoadsInto(0, func(id uint64) int {
+		if _, ok := ids[id]; !ok {
+			ids[id] = len(ids)
+		}
+		return ids[id]
+	}, loads)
+	require.NoError(h.t, err)
+	most := int64(0)
+	for _, l := range loads {
+		most = max(most, l.FullRunning)
+	}
+	return most
+}
+
+func TestADisaggregatedDecodeLegIsNoSlotSightingInFilter(t *testing.T) {
+	// Sixteen streamed replies decoding on each decoder, their rate known; then a long
+	// request whose first chunk comes two seconds later. Disaggregated, its decode leg
+	// waited for the prefill worker, not for a slot: no decoder is seen out of running
+	// slots. Sent direct, the same wait is a wait for a slot (control).
+	for _, split := range []bool{true, false} {
+		t.Run(fmt.Sprint("disaggregated ", split), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				threshold := 1000
+				if !split {
+					threshold = 1 << 20
+				}
+				h := startHost(t, vm, pdFleet("sidecar", threshold))
+				rng := rand.New(rand.NewSource(41))
+				var held []uint32
+				for i := 0; i < 32; i++ {
+					id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, 200))))
+					h.stream(id)
+					h.firstChunk(id)
+					held = append(held, id)
+				}
+				id, _ := h.send(post("/v1/chat/completions", longChat(2000, "")))
+				dec, _ := h.header(id, "x-kvroute-decision")
+				require.Equal(t, split, strings.HasSuffix(dec, ";pd=disaggregated"), dec)
+				h.stream(id)
+				h.advance(2000)
+				h.firstChunk(id)
+				assert.Equal(t, !split, h.slotsSeenInLedger("decode") > 0)
+				for _, id := range append(held, id) {
+					h.endStream(id)
+				}
+			})
+		})
+	}
 }

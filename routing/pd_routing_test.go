@@ -117,3 +117,34 @@ func TestPrefillSpreadsAcrossThePrefillPool(t *testing.T) {
 		_ = r.ReleasePrefill(d.PrefillTicket)
 	}
 }
+
+func TestADisaggregatedDecodeLegIsNoSlotSighting(t *testing.T) {
+	// Sixteen replies decoding on every decode target, their rate known; the request's prefill goes to the prefill pool, so its decode leg's first
+	// chunk comes when the prefill target is done, however late: the decode target is
+	// not seen out of running slots. The same request undisaggregated is (control).
+	for _, split := range []bool{true, false} {
+		t.Run(fmt.Sprint("disaggregated ", split), func(t *testing.T) {
+			threshold := 100
+			if !split {
+				threshold = 1 << 20
+			}
+			clock := &fakeClock{ms: 1e6}
+			r := NewRouter(pdConfig(t, fmt.Sprintf(`{"mode":"vllm","threshold_tokens":%d}`, threshold)), state.NewMemoryStore(), clock.now)
+			for _, tg := range r.DecodeTargets() {
+				for i := 0; i < 16; i++ {
+					tk, err := r.decode.ledger.AcquireQueued(tg.ID, 100, 100, 0, clock.ms-10)
+					require.NoError(t, err)
+					require.NoError(t, r.FirstChunk(&tk))
+				}
+			}
+			d := r.Decide(&extract.Request{Tokens: 500, Identity: 1}, NoRank)
+			require.Equal(t, split, d.PD == PDDisaggregated)
+			clock.ms += 5000
+			require.NoError(t, r.FirstChunk(&d.Ticket))
+			loads, err := r.Loads()
+			require.NoError(t, err)
+			got := loads[r.decode.targets.Index(d.Target.ID)].FullRunning
+			assert.Equal(t, !split, got > 0, "%d", got)
+		})
+	}
+}

@@ -778,8 +778,9 @@ func (r *Router) DecideInto(d *Decision, req *extract.Request, rank int) {
 	}
 	d.PD, d.MatchedTokens = PDDisaggregated, matched
 	// The decode target's first chunk then times the prefill target's work and the
-	// KV transfer, not whether its own copy was there.
-	d.Ticket.Cached = 0
+	// KV transfer, not whether its own copy was there, nor whether it waited for a
+	// running slot.
+	d.Ticket.Cached, d.Ticket.DueMS = 0, 0
 	d.StateFailed = d.StateFailed || failed
 }
 
