@@ -401,11 +401,22 @@ func TestALateTargetRunningFewerThanAnotherIsNotFull(t *testing.T) {
 // so neither is idle. It returns where a new conversation on the prompt goes, after
 // ending every stream.
 func holderOnRank1(t *testing.T, vm types.VMContext, cfg string, seed int64, running int) (rank string) {
+	return holderOnRank1Busy(t, vm, cfg, seed, running, false)
+}
+
+// holderOnRank1Busy is holderOnRank1; with busy, ranks 0 and 2 are each sent a second
+// request as long, so that a halving of the recent work on the way (the compiled
+// module's clock moves at every reading, so where the halving falls varies) leaves
+// neither idle.
+func holderOnRank1Busy(t *testing.T, vm types.VMContext, cfg string, seed int64, running int, busy bool) (rank string) {
 	h := startHost(t, vm, cfg)
 	rng := rand.New(rand.NewSource(seed))
 	system := systemOnRank1(h, rng)
 	for _, r := range []string{"0", "2"} {
 		computeChatOn(h, prose(rng, 10000), r, 0)
+		if busy {
+			computeChatOn(h, prose(rng, 10000), r, 0)
+		}
 	}
 	var held []uint32
 	for i := 0; i < running; i++ {
@@ -464,7 +475,7 @@ func TestFirstTurnsLeaveAHolderOverItsShareAtTheSlots(t *testing.T) {
 	for _, running := range []int{15, 16} {
 		t.Run(fmt.Sprint("running ", running), func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
-				rank := holderOnRank1(t, vm, cfg, 43, running)
+				rank := holderOnRank1Busy(t, vm, cfg, 43, running, true)
 				assert.Equal(t, running < 16, rank == "1", "rank %s", rank)
 			})
 		})
