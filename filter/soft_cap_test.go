@@ -201,18 +201,14 @@ func TestASlotWaitInAPoolsFirstSecondCountsThatSecond(t *testing.T) {
 				}
 				held, others := fillRank1(h, rng)
 				h.route(post("/v1/chat/completions", chat(prose(rng, 100)))) // the sighting
-				h.endStream(held[14])
-				h.endStream(held[15])
-				h.firstChunk(held[16])
-				h.firstChunk(held[17])
-				held = append(held, decodingOn(h, prose(rng, 100), "1"), decodingOn(h, prose(rng, 100), "1"))
+				held = rank1RunsEighteen(h, rng, held)
 				var headers [][2]string
 				if ids {
 					headers = append(headers, [2]string{"x-session-id", "a"})
 				}
 				_, rank, decision := h.route(post("/v1/chat/completions", chat(system+prose(rng, 800)), headers...))
 				assert.Equal(t, "1", rank, decision)
-				for _, id := range append(append(held[:14], held[16:]...), others...) {
+				for _, id := range append(held, others...) {
 					h.endStream(id)
 				}
 			})
@@ -244,14 +240,10 @@ func slotsSeenCase(t *testing.T, cfg string, ids bool) {
 			return rank
 		}
 		assert.NotEqual(t, "1", newConversation(systems[0], "a"), "full now")
-		h.endStream(held[14])
-		h.endStream(held[15])
-		h.firstChunk(held[16])
-		h.firstChunk(held[17])
-		held = append(held, decodingOn(h, prose(rng, 100), "1"), decodingOn(h, prose(rng, 100), "1"))
+		held = rank1RunsEighteen(h, rng, held)
 		h.advance(100)
 		assert.NotEqual(t, "1", newConversation(systems[1], "b"), "more in flight than seen full")
-		for _, id := range held[16:] {
+		for _, id := range held[14:] {
 			h.endStream(id)
 		}
 		assert.Equal(t, "1", newConversation(systems[2], "c"), "under the count seen")
@@ -296,6 +288,18 @@ func TestATurnLeavesATargetAtTheRunningSlotsSeen(t *testing.T) {
 			h.endStream(id)
 		}
 	})
+}
+
+// rank1RunsEighteen takes rank 1 as fillRank1 left it (held) past its sighting: two of
+// its replies end, its two waiting requests get their first chunks, and two more sent
+// there start at once, so it runs eighteen. held[14] and held[15] have ended; the
+// rest, and the two new ones, are returned in held's place.
+func rank1RunsEighteen(h *host, rng *rand.Rand, held []uint32) []uint32 {
+	h.endStream(held[14])
+	h.endStream(held[15])
+	h.firstChunk(held[16])
+	h.firstChunk(held[17])
+	return append(append(held[:14:14], held[16:]...), decodingOn(h, prose(rng, 100), "1"), decodingOn(h, prose(rng, 100), "1"))
 }
 
 // fillRank1 streams fifteen replies decoding on each of ranks 0 and 2 (others), and
