@@ -298,9 +298,11 @@ func TestCopiesByDemandStopBeforeTheEntryFillsInALargePoolInFilter(t *testing.T)
 
 func TestAPrefixWhoseHoldersSlotBacklogOutlastsACopyIsCopied(t *testing.T) {
 	// A document only rank 1 caches. Eight replies decoded on ranks 0 and 2 for
-	// stayMS each and ended; a thousand requests whose replies were not streamed kept
-	// the pool's requests short-lived on the whole, so that waiting for one of rank 1's
-	// slots costs less than computing the document again. Rank 1 then runs sixteen,
+	// stayMS each and ended; then a thousand requests whose replies were not streamed
+	// (their decode time unknown, so they count no stay; counted as nothing, they would
+	// make the stay short) kept the pool's requests short-lived on the whole, so that
+	// waiting for one of rank 1's slots costs less than computing the document
+	// again. Rank 1 then runs sixteen,
 	// seen full, with two more waiting for a slot. When replies decode for ten
 	// seconds, its slots free one every 625 ms, fewer than it has been sent, and its
 	// backlog outlasts a copy: a question on the document goes to another rank, where
@@ -323,15 +325,15 @@ func TestAPrefixWhoseHoldersSlotBacklogOutlastsACopyIsCopied(t *testing.T) {
 					computeChatOn(h, prose(rng, 4000), r, 50)
 					decoded = append(decoded, decodingOn(h, prose(rng, 100), r))
 				}
-				for i := 0; i < 1000; i++ {
-					id, _ := h.send(post("/v1/chat/completions", chat("hi"), [2]string{"x-data-parallel-rank", fmt.Sprint(i % 2 * 2)}))
-					h.respond(id, 200)
-				}
 				h.advance(tc.stayMS)
 				for _, id := range decoded {
 					h.endStream(id)
 				}
 				h.advance(10000 - tc.stayMS)
+				for i := 0; i < 1000; i++ {
+					id, _ := h.send(post("/v1/chat/completions", chat("hi"), [2]string{"x-data-parallel-rank", fmt.Sprint(i % 2 * 2)}))
+					h.respond(id, 200)
+				}
 				held, others := fillRank1(h, rng)
 				// A request decided while rank 1 is out of slots records the sighting.
 				h.route(post("/v1/chat/completions", chat(prose(rng, 100))))
