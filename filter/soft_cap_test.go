@@ -194,8 +194,7 @@ func TestASlotWaitInAPoolsFirstSecondCountsThatSecond(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
 				h := startHost(t, vm, cfg)
 				rng := rand.New(rand.NewSource(23))
-				system := prose(rng, 16000)
-				computeChatOn(h, system+prose(rng, 800), "1", 100)
+				system := systemOnRank1(h, rng)
 				for _, r := range []string{"0", "2"} {
 					computeChatOn(h, prose(rng, 16800), r, 100)
 				}
