@@ -52,6 +52,26 @@ func TestPromptAndPrefixMatchedTokenCounters(t *testing.T) {
 	})
 }
 
+func TestAPromptPastFourThousandBlocksMatchesAlmostAllItShares(t *testing.T) {
+	// A document of 8 100 blocks or so (about 130 000 tokens) with two questions of
+	// 100 blocks each: past 4 096 blocks the index keeps 32 checkpoints an octave, so
+	// the second matches at least 31/32 of the blocks the two share, where 8 an octave
+	// would give 7 680.
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, threeEndpoints)
+		rng := rand.New(rand.NewSource(11))
+		doc := prose(rng, 8100*64)
+		first, second := chat(doc+prose(rng, 6400)), chat(doc+prose(rng, 6400))
+		shared := uint64(tokensOf(t, chat(doc))) / 16
+		require.True(t, shared > 7680*32/31 && shared < 8192, "the shared blocks (%d) lie where only the finer grid comes within 1/32", shared)
+		dest1, _, _ := h.route(post("/v1/chat/completions", first))
+		dest2, _, decision := h.route(post("/v1/chat/completions", second))
+		require.Equal(t, dest1, dest2, decision)
+		matched := h.counter("kvroute_prefix_matched_tokens") / 16
+		assert.True(t, matched >= shared*31/32 && matched <= shared, "matched %d of %d shared blocks", matched, shared)
+	})
+}
+
 func TestTokenCountersAreHandedOverOnTheTick(t *testing.T) {
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startHost(t, vm, threeEndpoints)
