@@ -297,44 +297,44 @@ func TestCopiesByDemandStopBeforeTheEntryFillsInALargePoolInFilter(t *testing.T)
 }
 
 func TestAPrefixWhoseHoldersSlotBacklogOutlastsACopyIsCopied(t *testing.T) {
-	// A document only rank 1 caches. Eight replies decoded on ranks 0 and 2 for
-	// stayMS each and ended; then a thousand requests whose replies were not streamed
-	// (their decode time unknown, so they count no stay; counted as nothing, they would
-	// make the stay short) kept the pool's requests short-lived on the whole, so that
-	// waiting for one of rank 1's slots costs less than computing the document
-	// again. Rank 1 then runs sixteen,
-	// seen full, with two more waiting for a slot. When replies decode for ten
-	// seconds, its slots free one every 625 ms, fewer than it has been sent, and its
-	// backlog outlasts a copy: a question on the document goes to another rank, where
-	// a copy is made. When they decode for 100 ms, its backlog clears well before a
-	// copy is made, and the question stays on the holder.
+	// A document only rank 1 caches. Ten seconds on, a thousand requests whose
+	// replies were not streamed (their decode time unknown, so they count no stay;
+	// counted as nothing, they would make the stay short) keep the pool's requests
+	// short-lived on the whole, so that waiting for one of rank 1's slots costs less
+	// than computing the document again. Rank 1 then runs sixteen, seen full, with two
+	// more waiting for a slot, and ranks 0 and 2 fifteen each; then `ended` more
+	// replies decode there for stayMS each and end. When replies decode for ten
+	// seconds, rank 1's slots free one every 625 ms or so, fewer than it has been
+	// sent, and its backlog outlasts a copy: a question on the document goes to
+	// another rank, where a copy is made. When eight decode for 100 ms, its backlog
+	// clears well before a copy is made, and the question stays on the holder. When
+	// only two end, after a second, while the other 46 decode on, the stay is longer than
+	// the two show, and the document is copied.
 	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
 	for _, tc := range []struct {
-		stayMS int
-		holder bool
-	}{{10000, false}, {100, true}} {
-		t.Run(fmt.Sprint(tc.stayMS, " ms decoding"), func(t *testing.T) {
+		stayMS, ended int
+		holder        bool
+	}{{10000, 8, false}, {100, 8, true}, {1000, 2, false}} {
+		t.Run(fmt.Sprintf("%d ended after %d ms", tc.ended, tc.stayMS), func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
 				h := startHost(t, vm, cfg)
 				rng := rand.New(rand.NewSource(37))
 				doc := prose(rng, 40000)
 				computeChatOn(h, doc+prose(rng, 400), "1", 500)
-				var decoded []uint32
-				for i := 0; i < 8; i++ {
-					r := fmt.Sprint(i % 2 * 2)
-					computeChatOn(h, prose(rng, 4000), r, 50)
-					decoded = append(decoded, decodingOn(h, prose(rng, 100), r))
-				}
-				h.advance(tc.stayMS)
-				for _, id := range decoded {
-					h.endStream(id)
-				}
-				h.advance(10000 - tc.stayMS)
+				h.advance(10000)
 				for i := 0; i < 1000; i++ {
 					id, _ := h.send(post("/v1/chat/completions", chat("hi"), [2]string{"x-data-parallel-rank", fmt.Sprint(i % 2 * 2)}))
 					h.respond(id, 200)
 				}
 				held, others := fillRank1(h, rng)
+				var decoded []uint32
+				for i := 0; i < tc.ended; i++ {
+					decoded = append(decoded, decodingOn(h, prose(rng, 100), fmt.Sprint(i%2*2)))
+				}
+				h.advance(tc.stayMS)
+				for _, id := range decoded {
+					h.endStream(id)
+				}
 				// A request decided while rank 1 is out of slots records the sighting.
 				h.route(post("/v1/chat/completions", chat(prose(rng, 100))))
 				_, rank, decision := h.route(post("/v1/chat/completions", chat(doc+prose(rng, 400))))

@@ -187,7 +187,8 @@ func TestASlotWaitInAPoolsFirstSecondCountsThatSecond(t *testing.T) {
 	// every ~70 ms: three slots' wait costs less than computing again the prompt only
 	// rank 1 caches, and it keeps the request. Counted as if the sends spanned a
 	// half-life, the wait would be some fifty times as long, and the request would
-	// leave.
+	// leave. Forty short replies have just ended on the other ranks: the decode stay
+	// is short, and rank 1's backlog is no reason to copy the prompt.
 	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
 	for _, ids := range []bool{true, false} {
 		t.Run(fmt.Sprint("conversation ids ", ids), func(t *testing.T) {
@@ -199,6 +200,9 @@ func TestASlotWaitInAPoolsFirstSecondCountsThatSecond(t *testing.T) {
 					computeChatOn(h, prose(rng, 16800), r, 100)
 				}
 				held, others := fillRank1(h, rng)
+				for i := 0; i < 40; i++ {
+					h.endStream(decodingOn(h, prose(rng, 100), fmt.Sprint(i%2*2)))
+				}
 				h.route(post("/v1/chat/completions", chat(prose(rng, 100)))) // the sighting
 				held = rank1RunsEighteen(h, rng, held)
 				var headers [][2]string

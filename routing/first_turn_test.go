@@ -753,3 +753,35 @@ func TestDecodeStaysAreSharedAndHalved(t *testing.T) {
 	require.NoError(t, NewLoadLedger(store, "ns", "decode", 600000, 8).LoadsInto(now+8*stayHalfLifeMS, index, got))
 	assert.Equal(t, [2]int64{4000 >> 8, 2 * stayUnit >> 8}, [2]int64{got[0].StayMS, got[0].Stays})
 }
+
+func TestMeanStayCountsTheRepliesStillDecoding(t *testing.T) {
+	// Ten replies decode on target 0 for a second (its requests past their first
+	// chunk: twelve in flight, two of them still prefilling); two that ended lasted
+	// 100 ms each. The decode time over the ends reads 5 s, the ends' own mean 100 ms:
+	// the stay is their geometric mean. With no end there is no stay; with the ends'
+	// own mean the longer, it is theirs. The decode time halves with the stays, each
+	// ms from when it passed, and a view's count holds until the next view.
+	p := &poolState{}
+	now := int64(stayHalfLifeMS) * 100
+	loads := []Load{{Requests: 12, Prefills: 2}, {}}
+	p.addDecodeTime(loads, now)
+	p.viewed = true
+	p.addDecodeTime(loads, now+1000)
+	v := &poolView{pool: p, loads: []Load{{StayMS: 200, Stays: 2 * stayUnit}, {}}}
+	assert.InDelta(t, math.Sqrt(100*5000), v.meanStay(), 1e-9)
+	v.loads[0] = Load{}
+	assert.Zero(t, v.meanStay())
+	v.loads[1] = Load{StayMS: 2 * 8000, Stays: 2 * stayUnit}
+	assert.InDelta(t, 8000, v.meanStay(), 1e-9)
+	loads[0] = Load{}
+	p.addDecodeTime(loads, now+stayHalfLifeMS)
+	assert.InDelta(t, 10*1000/2+10*(stayHalfLifeMS-1000)/2, p.decodeTime, 1e-9)
+	p.addDecodeTime(loads, now+stayHalfLifeMS+500)
+	assert.InDelta(t, 10*1000/2+10*(stayHalfLifeMS-1000)/2, p.decodeTime, 1e-9)
+	// Ten decoding through a hundred half-lives count a half-life and the 500 ms since
+	// the last halving: what passed before has halved away.
+	loads[0] = Load{Requests: 10}
+	p.addDecodeTime(loads, now+stayHalfLifeMS+500)
+	p.addDecodeTime(loads, now+101*stayHalfLifeMS+500)
+	assert.InDelta(t, 10*(stayHalfLifeMS+500), p.decodeTime, 1e-6)
+}

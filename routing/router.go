@@ -72,6 +72,13 @@ type poolState struct {
 	// the last view that found none, else long before (its first view found some).
 	sendsFromMS int64
 	viewed      bool // whether a view has been taken (sendsFromMS is set)
+
+	// decodeTime is the pool's requests past their first chunk times the ms they have
+	// run, summed over this VM's views (the count of one view held until the next)
+	// and halved as the decode stays are; decodeEpoch is its stay half-life epoch.
+	// decoding and decodeAt are the count and time of the last view.
+	decodeTime                      float64
+	decodeEpoch, decoding, decodeAt int64
 }
 
 // NewRouter builds a Router over store. now returns the current time in milliseconds.
@@ -210,6 +217,7 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	if err := p.ledger.LoadsInto(nowMS, p.targets.Index, loads); err != nil {
 		return nil, err
 	}
+	p.addDecodeTime(loads, nowMS)
 	// Without a rank asked for or an endpoint ejected every target is eligible: no
 	// loop of tests, each a few jumps through the dispatcher in wasm.
 	eligible := p.everyTarget
@@ -516,18 +524,27 @@ func (v *poolView) slotWait(slots int64) float64 {
 // last halving; in a pool's first half-life, only the time since its sends began,
 // which the steady-state figure would overstate many times.
 func sendsWindow(fromMS, nowMS int64) float64 {
-	epoch, first := nowMS>>recentHalfLifeShift, fromMS>>recentHalfLifeShift
 	if fromMS >= nowMS {
 		return 1
 	}
+	return halvedSpan(fromMS, nowMS, recentHalfLifeShift)
+}
+
+// halvedSpan is the ms from fromMS to nowMS as a sum halved at every multiple of
+// 2^shift ms counts them at nowMS: each ms halved once for each multiple since.
+func halvedSpan(fromMS, nowMS int64, shift uint) float64 {
+	if fromMS >= nowMS {
+		return 0
+	}
+	epoch, first := nowMS>>shift, fromMS>>shift
 	if epoch == first {
 		return float64(nowMS - fromMS)
 	}
 	// This epoch's part in full, each whole epoch between halved once more than the
 	// one after it, and the first epoch's part halved as often as epochs have passed.
 	k := int(min(epoch-first, 62))
-	firstPart := float64((first+1)<<recentHalfLifeShift - fromMS)
-	return float64(nowMS-epoch<<recentHalfLifeShift) + recentHalfLifeMS*(1-math.Ldexp(1, 1-k)) + math.Ldexp(firstPart, -k)
+	firstPart := float64((first+1)<<shift - fromMS)
+	return float64(nowMS-epoch<<shift) + math.Ldexp(1, int(shift))*(1-math.Ldexp(1, 1-k)) + math.Ldexp(firstPart, -k)
 }
 
 // maxSlotWait bounds a target's slot wait, in tokens, so that an estimate from a
@@ -1130,10 +1147,49 @@ func holdersStalled(v *poolView, found []prefix.PrefixMatch) bool {
 	return true
 }
 
+// addDecodeTime adds to the pool's decode time the ms since the last view at the
+// count of requests past their first chunk it saw, halved as the stays are, and
+// takes the count loads show now: this gateway's requests alone, as the stays are,
+// before the engines' own counts are added.
+func (p *poolState) addDecodeTime(loads []Load, nowMS int64) {
+	var decoding int64
+	for i := range loads {
+		l := &loads[i]
+		decoding += l.Requests - l.Prefills
+	}
+	decoding = max(0, decoding)
+	if p.viewed && nowMS > p.decodeAt {
+		epoch := nowMS >> stayHalfLifeShift
+		p.decodeTime = math.Ldexp(p.decodeTime, -int(min(epoch-p.decodeEpoch, 62))) +
+			float64(p.decoding)*halvedSpan(p.decodeAt, nowMS, stayHalfLifeShift)
+		p.decodeEpoch = epoch
+	}
+	p.decoding, p.decodeAt = decoding, nowMS
+}
+
+// meanStay is the pool's recent decode stay in ms (0: no reply has ended lately).
+// Two figures bound it while replies that began together run: the mean of those that
+// ended is short, as the short ones end first, and the decode time over the ends
+// (Little's law) is long, as few have had time to end. In a steady state both are
+// the mean; in between, their geometric mean, never below the ends' own.
+func (v *poolView) meanStay() float64 {
+	var stayMS, stays int64
+	for i := range v.loads {
+		stayMS += v.loads[i].StayMS
+		stays += v.loads[i].Stays
+	}
+	if stays <= 0 || stayMS <= 0 {
+		return 0
+	}
+	ends := float64(stays) / stayUnit
+	ended := float64(stayMS) / ends
+	return math.Sqrt(ended * max(ended, v.pool.decodeTime/ends))
+}
+
 // holdersBacklogged reports whether every holder of the prefix runs all its running
 // slots (the count seen) with more requests waiting for one than its slots free
 // before a copy of the prefix could be made elsewhere. Its slots free as requests
-// end: the count seen over the pool's recent decode stay (Load.Stays) a ms, less the
+// end: the count seen over the pool's recent decode stay (meanStay) a ms, less the
 // requests the holder is sent a ms (its recent sends over their window), which take
 // the slots as they free. A copy takes the prefix's tokens and what waits least
 // ahead of them on an eligible target without the prefix, at the holders' rate. The
@@ -1143,20 +1199,18 @@ func holdersBacklogged(v *poolView, pr *prompt, found []prefix.PrefixMatch, pref
 	if v.slotsSeen <= 0 || v.total.RecentSent <= 0 || rate <= 0 {
 		return false
 	}
-	var stayMS, stays int64
 	least := int64(math.MaxInt64)
 	for _, i := range v.eligible {
-		stayMS += v.loads[i].StayMS
-		stays += v.loads[i].Stays
 		if pr.matched[i] == 0 {
 			least = min(least, v.ahead[i]+v.slotCharge(i))
 		}
 	}
-	if stays <= 0 || stayMS <= 0 || least == math.MaxInt64 {
+	stay := v.meanStay()
+	if stay <= 0 || least == math.MaxInt64 {
 		return false
 	}
 	window := sendsWindow(v.pool.sendsFromMS, v.nowMS)
-	frees := float64(v.slotsSeen) * float64(stays) / stayUnit / float64(stayMS)
+	frees := float64(v.slotsSeen) / stay
 	copyMS := float64(prefixTokens+least) / rate
 	for _, m := range found {
 		i := v.pool.byID32.get(uint64(m.Target))
