@@ -25,20 +25,33 @@ var (
 type wasmModule struct {
 	path, make string
 	once       sync.Once
+	bin        []byte
 	vm         proxytest.WasmVMContext
+	uses       int // tests served by vm
 	err        error
 }
 
+// vmUses is how many tests one loaded module serves before a new one is loaded. The
+// emulator never calls proxy_on_delete, so every plugin a test starts stays in the
+// module's memory, and a wasm32 module has 4 GiB: the whole suite on one module
+// runs out of it.
+const vmUses = 64
+
 func (m *wasmModule) load(t testing.TB) types.VMContext {
 	m.once.Do(func() {
-		var bin []byte
-		if bin, m.err = os.ReadFile(m.path); m.err == nil {
-			m.vm, m.err = proxytest.NewWasmVMContext(bin)
+		if m.bin, m.err = os.ReadFile(m.path); m.err == nil {
+			m.vm, m.err = proxytest.NewWasmVMContext(m.bin)
 		}
 	})
+	if m.err == nil && m.uses >= vmUses {
+		m.vm.Close()
+		m.vm, m.err = proxytest.NewWasmVMContext(m.bin)
+		m.uses = 0
+	}
 	if m.err != nil {
 		t.Fatalf("the compiled module is needed for wasm-mode tests (run `%s`): %v", m.make, m.err)
 	}
+	m.uses++
 	return m.vm
 }
 
