@@ -138,3 +138,21 @@ func TestATargetWithoutARateIsEstimatedAtItsPeersInFilter(t *testing.T) {
 		assert.Equal(t, int64(0), h.gauge("kvroute_active_requests"), "every request's load is released")
 	})
 }
+
+// TestAPromptGoesWhereItsPrefillEndsSoonestAtEachRanksRate: rank 0 computes 4000 tokens
+// in two seconds, rank 1 in one; rank 1 then runs a reply, rank 0 none. A new prompt
+// of 10 000 tokens that neither caches is computed sooner on rank 1 and goes there;
+// counted in tokens alone, the two would cost the same but for rank 1's reply, and
+// it would go to rank 0.
+func TestAPromptGoesWhereItsPrefillEndsSoonestAtEachRanksRate(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}}}`)
+		rng := rand.New(rand.NewSource(26))
+		computeChatOn(h, prose(rng, 16000), "0", 2000)
+		computeChatOn(h, prose(rng, 16000), "1", 1000)
+		reply := decodingOn(h, prose(rng, 100), "1")
+		_, rank, decision := h.route(post("/v1/chat/completions", chat(prose(rng, 40000))))
+		assert.Equal(t, "1", rank, decision)
+		h.endStream(reply)
+	})
+}

@@ -80,6 +80,7 @@ func TestATurnFollowsItsHistoryToWhereItsLastTurnOverflowedInFilter(t *testing.T
 		moved, decision := turn(second)
 		require.Equal(t, "overflow", decision)
 		require.NotEqual(t, "0", moved)
+		h.advance(2000) // its prefill, at the rate the ranks have shown
 		h.firstChunk(long)
 		h.endStream(long)
 		queued := openOn(t, h, prose(rng, 4000), "0", false)

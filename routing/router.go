@@ -615,12 +615,16 @@ func (r *Router) loadOf(l Load) int64 {
 }
 
 // cheapest applies the cost (docs/behaviour.md, The cost) with matched tokens per target index (nil: no match
-// anywhere). The cost estimates, in prefill tokens (time at a target's prefill
+// anywhere). The cost estimates, in prefill tokens (time at the pool's prefill
 // rate), how long the request would wait for its first token on a target:
 //
-//	cost(t) = prefill_ahead(t) + slot_wait(t) + (6 + prefills(t)) × (request_tokens − matched(t))
+//	cost(t) = pace(t) × (prefill_ahead(t) + (6 + prefills(t)) × (request_tokens − matched(t)))
+//	        + slot_wait(t)
 //	        + load_weight × active_tokens(t) / max(total_active_tokens, request_tokens) × request_tokens
 //
+// pace(t) is the time t takes over a prefill token against the pool's
+// (requestPace): on engines of mixed speeds a prompt goes where its prefill ends
+// soonest.
 // prefill_ahead(t) is what is estimated left of the uncached tokens of the requests
 // sent to t whose first response chunk has not come back (Load.PrefillAhead): their
 // prefill is queued or running, ahead of this one. slot_wait(t) is the wait for a
@@ -665,10 +669,14 @@ func (r *Router) cheapestFrom(v *poolView, cands []int, req *extract.Request, ma
 			m = float64(matched[i])
 		}
 		l := &v.loads[i]
-		cost := float64(v.ahead[i]+v.slotCharge(i)) + (ownWeight+float64(l.Prefills))*(reqTokens-m) + w*float64(l.Tokens)/denom*reqTokens
+		prefill := float64(v.ahead[i]) + (ownWeight+float64(l.Prefills))*(reqTokens-m)
 		if hot := float64(v.copyTokens); hot > m {
-			cost -= (ownWeight - 1) * (hot - m)
+			prefill -= (ownWeight - 1) * (hot - m)
 		}
+		if pace := v.requestPace(i); pace != 1 {
+			prefill *= pace
+		}
+		cost := prefill + float64(v.slotCharge(i)) + w*float64(l.Tokens)/denom*reqTokens
 		if i == home {
 			cost += stay
 		} else {
