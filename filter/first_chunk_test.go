@@ -156,3 +156,32 @@ func TestAPromptGoesWhereItsPrefillEndsSoonestAtEachRanksRate(t *testing.T) {
 		h.endStream(reply)
 	})
 }
+
+// TestARankWithoutARateIsTakenAtItsServersRateInFilter: 10.0.0.1 runs ranks 0 and 1,
+// 10.0.0.2 rank 2. Rank 1 computes 4000 tokens in a second, rank 2 in two; rank 0 has
+// shown no rate and has 30 000 tokens queued, rank 1 100 000. A prompt of 10 000
+// tokens goes to rank 0, taken at its server's rate (rank 1's): there its queue and
+// its prefill end before rank 2 computes it. At the pool's rate it would cost more
+// than on rank 2.
+func TestARankWithoutARateIsTakenAtItsServersRateInFilter(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2},{"address":"10.0.0.2:8000","dp_rank_start":2}]}}}`)
+		rng := rand.New(rand.NewSource(27))
+		computeChatOn(h, prose(rng, 16000), "1", 1000)
+		computeChatOn(h, prose(rng, 16000), "2", 2000)
+		var queued []uint32
+		for _, q := range []struct {
+			rank  string
+			chars int
+		}{{"1", 400000}, {"0", 120000}} {
+			id, _ := h.send(post("/v1/chat/completions", chat(prose(rng, q.chars)), [2]string{"x-data-parallel-rank", q.rank}))
+			h.stream(id)
+			queued = append(queued, id)
+		}
+		_, rank, decision := h.route(post("/v1/chat/completions", chat(prose(rng, 40000))))
+		assert.Equal(t, "0", rank, decision)
+		for _, id := range queued {
+			h.endStream(id)
+		}
+	})
+}

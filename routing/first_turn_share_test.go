@@ -227,3 +227,30 @@ func TestFirstTurnsLeaveASlowHolderAtItsShareByCount(t *testing.T) {
 		assert.Equal(t, tc.held, got.ID == ts[0].ID, "%+v", tc)
 	}
 }
+
+func TestARankWithoutARateIsTakenAtItsEndpointsRate(t *testing.T) {
+	// Two servers of two ranks: 10.0.0.1's rank 0 computes 4000 tokens in two
+	// seconds, 10.0.0.2's in one; their ranks 1 have shown no rate. 10.0.0.2's rank 0
+	// has 100 000 tokens queued, and its rank 1 runs one reply. A prompt of 10 000
+	// tokens no rank caches is computed soonest on 10.0.0.2's rank 1, which shares a
+	// server with the fast rank; taken at the pool's rate, the two ranks 1 would cost
+	// the same but for the reply, and it would go to 10.0.0.1's.
+	cfg, err := config.ParseConfig([]byte(`{"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":2},{"address":"10.0.0.2:8000","dp_size":2}]}}}`))
+	require.NoError(t, err)
+	clock := &fakeClock{ms: 1e6}
+	r := NewRouter(&cfg, state.NewMemoryStore(), clock.now)
+	ts := r.DecodeTargets()
+	require.Equal(t, [4]string{"10.0.0.1:8000#0", "10.0.0.2:8000#0", "10.0.0.1:8000#1", "10.0.0.2:8000#1"},
+		[4]string{fmt.Sprint(ts[0].Address, "#", ts[0].Rank), fmt.Sprint(ts[1].Address, "#", ts[1].Rank), fmt.Sprint(ts[2].Address, "#", ts[2].Rank), fmt.Sprint(ts[3].Address, "#", ts[3].Rank)})
+	computeIn(t, r, clock, ts[0], 4000, 2000)
+	computeIn(t, r, clock, ts[1], 4000, 1000)
+	clock.ms += 2000
+	l := r.decode.ledger
+	_, err = l.AcquireQueued(ts[1].ID, 100000, 100000, clock.ms, clock.ms)
+	require.NoError(t, err)
+	reply, err := l.AcquireQueued(ts[3].ID, 1000, 0, clock.ms, clock.ms)
+	require.NoError(t, err)
+	require.NoError(t, l.FirstChunk(&reply, clock.ms))
+	d := r.Decide(textRequest(words(rand.New(rand.NewSource(5)), 40000), 3), NoRank)
+	assert.Equal(t, ts[3].ID, d.Target.ID, "%s rank %d, %s", d.Target.Address, d.Target.Rank, d.Kind)
+}

@@ -68,6 +68,10 @@ type poolState struct {
 
 	disc *poolDiscovery // nil for a static pool
 
+	// nextRank is, per target index, the next target of the same endpoint (itself for
+	// an endpoint of one rank), around.
+	nextRank []int
+
 	// sendsFromMS is when the pool's recent sends began, as far as this VM can tell:
 	// the last view that found none, else long before (its first view found some).
 	sendsFromMS int64
@@ -152,6 +156,20 @@ func (ps *poolState) setTargets(eps []config.Endpoint) {
 	ps.candBuf = make([]int, 0, n)
 	ps.copyBuf = make([]int, 0, n)
 	ps.newCopyBuf = make([]int, 0, n)
+	ps.nextRank = make([]int, n)
+	last := map[uint64]int{}
+	first := map[uint64]int{}
+	for i, t := range ps.targets.Targets {
+		if j, ok := last[t.EndpointFP]; ok {
+			ps.nextRank[j] = i
+		} else {
+			first[t.EndpointFP] = i
+		}
+		last[t.EndpointFP] = i
+	}
+	for fp, j := range last {
+		ps.nextRank[j] = first[fp]
+	}
 }
 
 // DecodeTargets and PrefillTargets expose the expanded pools (for gauges and tools).
@@ -247,11 +265,21 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 		sighted = sighted || loads[i].FullAt != 0
 	}
 	// A target that has returned no first chunk yet is taken to compute at the rate
-	// its peers have shown (engines of one pool are alike): counting all it has
-	// queued as still ahead would send every prompt to the targets whose rate is
-	// known, back to back, in a fleet's first seconds.
+	// another rank of its endpoint has shown (they share a server), else at its
+	// peers' (engines of one pool are alike): counting all it has queued as still
+	// ahead would send every prompt to the targets whose rate is known, back to back,
+	// in a fleet's first seconds.
 	for _, i := range eligible {
-		if l := &loads[i]; l.RateMS > 0 || rms == 0 {
+		l := &loads[i]
+		if l.RateMS == 0 {
+			for j := p.nextRank[i]; j != i; j = p.nextRank[j] {
+				if loads[j].RateMS > 0 {
+					l.RateTokens, l.RateMS = loads[j].RateTokens, loads[j].RateMS
+					break
+				}
+			}
+		}
+		if l.RateMS > 0 || rms == 0 {
 			ahead[i] = l.PrefillAhead(nowMS)
 		} else {
 			ahead[i] = l.PrefillAheadAt(nowMS, rtok, rms)
