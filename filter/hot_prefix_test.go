@@ -310,7 +310,7 @@ func TestAPrefixWhoseHoldersSlotBacklogOutlastsACopyIsCopied(t *testing.T) {
 	// clears well before a copy is made, and the question stays on the holder. When
 	// only two end, after a second, while the other 46 decode on, the stay is longer than
 	// the two show, and the document is copied.
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	for _, tc := range []struct {
 		stayMS, ended int
 		holder        bool

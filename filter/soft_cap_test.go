@@ -36,7 +36,7 @@ func TestStickyTurnOverTheCapStaysWhileItsCacheIsWorthTheWait(t *testing.T) {
 	// rank 0, and rank 0 at the cap with two long replies decoding. By the cost
 	// alone rank 1 (the system prompt, no decode load) looks cheaper; the soft cap
 	// keeps the turn home while the charge and the queue are less than its cache.
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	for _, tc := range []struct {
 		name     string
 		queued   int // characters of prompt queued at home, without a first chunk
@@ -75,7 +75,7 @@ func TestContinuationLeavesAHolderFarOverTheCap(t *testing.T) {
 	// a 4000-token prompt without an id is computed there, then requests decode there
 	// (their prefill over). Its continuation stays while the holder is just at the cap,
 	// and is computed elsewhere once the cap's charge outweighs the cached prompt.
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	for _, tc := range []struct {
 		name     string
 		decoding int
@@ -125,7 +125,7 @@ func TestFirstTurnLeavesATargetOutOfRunningSlots(t *testing.T) {
 	// more than its share (a holder over its share running sixteen loses new
 	// conversations anyway: TestFirstTurnsLeaveAHolderOverItsShareAtTheSlots), and
 	// long enough that neither is idle (TestFirstTurnsCopyOntoAnIdleRank).
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	for _, tc := range []struct {
 		running, waiting int
 		holder           bool
@@ -174,7 +174,7 @@ func TestTheRunningSlotsSeen(t *testing.T) {
 	// flight there it takes rank 1. So for new conversations and for requests
 	// without an id alike. Ranks 0 and 2 run fifteen each, so that rank 1 stays under
 	// the fair-share cap.
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	for _, ids := range []bool{true, false} {
 		t.Run(fmt.Sprint("conversation ids ", ids), func(t *testing.T) { slotsSeenCase(t, cfg, ids) })
 	}
@@ -189,7 +189,7 @@ func TestASlotWaitInAPoolsFirstSecondCountsThatSecond(t *testing.T) {
 	// half-life, the wait would be some fifty times as long, and the request would
 	// leave. Forty short replies have just ended on the other ranks: the decode stay
 	// is short, and rank 1's backlog is no reason to copy the prompt.
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	for _, ids := range []bool{true, false} {
 		t.Run(fmt.Sprint("conversation ids ", ids), func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
@@ -261,7 +261,7 @@ func TestATurnLeavesATargetAtTheRunningSlotsSeen(t *testing.T) {
 	// for a slot, seen full by a request. Its next turn, whose history is short,
 	// leaves for a target with room (overflow); with fifteen in flight on rank 1 a
 	// turn of another conversation placed there stays.
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startHost(t, vm, cfg)
 		rng := rand.New(rand.NewSource(29))
@@ -305,6 +305,10 @@ func rank1RunsEighteen(h *host, rng *rand.Rand, held []uint32) []uint32 {
 	return append(append(held[:14:14], held[16:]...), decodingOn(h, prose(rng, 100), "1"), decodingOn(h, prose(rng, 100), "1"))
 }
 
+// trustedRanks is one endpoint of three ranks with the rank header trusted: a test
+// sends each request to the rank it names.
+const trustedRanks = `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+
 // fillRank1 streams fifteen replies decoding on each of ranks 0 and 2 (others), and
 // sixteen decoding on rank 1 with two more sent there still without a first chunk
 // (held, in that order), and moves the clock on a second: rank 1 is out of running
@@ -333,7 +337,7 @@ func TestAFirstTurnSpreadsRequestsInFlightOnceSlotsBind(t *testing.T) {
 	// most lately, and runs none. Rank 0 runs ten, rank 2 fifteen. Once a slot count
 	// has been seen, a new conversation whose prompt no rank caches goes where the
 	// fewest requests are in flight: rank 1, not the rank that worked least lately.
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startHost(t, vm, cfg)
 		rng := rand.New(rand.NewSource(31))
@@ -370,7 +374,7 @@ func TestALateTargetRunningFewerThanAnotherIsNotFull(t *testing.T) {
 	// prompt no other rank does. With rank 0 running seventeen, rank 1 is not at its
 	// slot count (the engines of a pool are alike): its late requests are prefill, and
 	// a new conversation on the prompt takes rank 1. Without them rank 1 is full.
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	for _, busier := range []bool{true, false} {
 		t.Run(fmt.Sprint("rank 0 runs more ", busier), func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
@@ -478,7 +482,7 @@ func TestFirstTurnsLeaveAHolderOverItsShareAtTheSlots(t *testing.T) {
 	// computes the prompt again on another rank at sixteen, as many as an engine is
 	// taken to have running slots: rank 1 carries more than its share of the pool's
 	// requests, and its conversations' later turns would wait there for slots.
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	for _, running := range []int{15, 16} {
 		t.Run(fmt.Sprint("running ", running), func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
@@ -730,7 +734,7 @@ func TestATurnWhoseHistoryEveryRankHoldsLeavesAtTheSlotCount(t *testing.T) {
 	// less than computing what rank 1 caches again, so an outright keep would hold
 	// the turn; but elsewhere the turn computes only its own words, which costs less
 	// still, and it leaves (overflow).
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	bothVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startHost(t, vm, cfg)
 		rng := rand.New(rand.NewSource(59))
@@ -763,7 +767,7 @@ func TestNewConversationsSpreadByTheTimeTheirWorkTookInFilter(t *testing.T) {
 	// the same instant), rank 2 computing them in twice the time of the others: its
 	// work counts twice as long, and new conversations go to ranks 0 and 1. When all
 	// three took the same time, all three take them.
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	for _, slow := range []int{1000, 2000} {
 		t.Run(fmt.Sprint("rank 2 in ", slow, " ms"), func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
@@ -803,7 +807,7 @@ func TestNewConversationsOnACachedPromptCountRecentRequestsInFilter(t *testing.T
 	// mean work count more than rank 1's work, and the conversation goes to rank 1.
 	// (The recent work halves at the end of each span of absolute time: the wasm runs
 	// on a clock of its own.)
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	for _, tc := range []struct {
 		questions int
 		want      string
@@ -840,7 +844,7 @@ func TestNewConversationsOnACachedPromptCountRequestsAtTheRanksRateInFilter(t *t
 	// on the prompt goes to rank 1; at a tenth more the rates are taken as the same,
 	// and it goes to rank 0, with the fewer requests. (The wasm runs on a clock of its
 	// own.)
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	for _, tc := range []struct {
 		slow int
 		want string
@@ -875,7 +879,7 @@ func TestAFirstTurnPayingForACopySpreadsByWorkInFilter(t *testing.T) {
 	// (cached after the first), rank 2 two documents of 8 000 characters. The copy
 	// goes to rank 1, which has worked least, though its requests at the pool's mean
 	// work would count more than rank 2's work. (The wasm runs on a clock of its own.)
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	bothFreshVMs(t, func(t *testing.T, vm types.VMContext) {
 		h := startHost(t, vm, cfg)
 		rng := rand.New(rand.NewSource(79))
@@ -914,7 +918,7 @@ func TestALateFirstChunkShowsATargetOutOfRunningSlots(t *testing.T) {
 	// first chunk on time, or a few ms late, says nothing of the slots, nor does a
 	// late one with fewer than sixteen running (more likely a slow engine step than a
 	// slot): the conversation goes to rank 0, which has worked least lately.
-	cfg := `{"trust_client_dp_rank":true,"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":3}]}}}`
+	cfg := trustedRanks
 	for _, tc := range []struct {
 		running, lateMS int
 		seen            bool
