@@ -80,7 +80,9 @@ type poolState struct {
 	// decodeTime is the pool's requests past their first chunk times the ms they have
 	// run, summed over this VM's views (the count of one view held until the next)
 	// and halved as the decode stays are; decodeEpoch is its stay half-life epoch.
-	// decoding and decodeAt are the count and time of the last view.
+	// decoding and decodeAt are the count and time of the last view. The count is
+	// requests in flight less those with prefill queued, so a request whose prompt was
+	// all cached counts from its send: the ledger does not tell when its chunk came.
 	decodeTime                      float64
 	decodeEpoch, decoding, decodeAt int64
 }
@@ -558,8 +560,8 @@ func sendsWindow(fromMS, nowMS int64) float64 {
 	return halvedSpan(fromMS, nowMS, recentHalfLifeShift)
 }
 
-// halvedSpan is the ms from fromMS to nowMS as a sum halved at every multiple of
-// 2^shift ms counts them at nowMS: each ms halved once for each multiple since.
+// halvedSpan is the ms from fromMS to nowMS as a sum that halves at every multiple of
+// 2^shift ms holds them at nowMS: each ms counts half for every multiple passed since.
 func halvedSpan(fromMS, nowMS int64, shift uint) float64 {
 	if fromMS >= nowMS {
 		return 0
