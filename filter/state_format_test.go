@@ -63,7 +63,7 @@ func TestUpgradedFilterMeetsOldState(t *testing.T) {
 			if len(v) > 0 && v[0] != old[0] {
 				want := byte(1)
 				if strings.HasPrefix(k, "kvroute/load/") {
-					want = 7 // the ledger's format, with the decode stays
+					want = 8 // the ledger's format, with requests counted in fractions
 				}
 				assert.Equal(t, want, v[0], k)
 			}

@@ -344,7 +344,7 @@ func TestSlotWait(t *testing.T) {
 	// sends are over 1.5 half-lives): a request stays 80 / (1000 / 98 304 ms) =
 	// 7864 ms; one of 16 slots frees every 491.52 ms, 4915 tokens at 10 a ms.
 	pool := &poolState{sendsFromMS: math.MinInt64 / 2}
-	v := &poolView{pool: pool, total: Load{Requests: 80, RecentSent: 1000}, sentInFlight: 80, rate: 10, nowMS: 5*recentHalfLifeMS + recentHalfLifeMS/2}
+	v := &poolView{pool: pool, total: Load{Requests: 80, RecentSent: 1000 * countUnit}, sentInFlight: 80, rate: 10, nowMS: 5*recentHalfLifeMS + recentHalfLifeMS/2}
 	assert.InDelta(t, 4915.2, v.slotWait(16), 0.01)
 	// The sends began 10 s ago, in this half-life: they are over 10 s, and a request
 	// stays 800 ms; one of 16 slots frees every 50 ms, 500 tokens.
@@ -722,7 +722,7 @@ func TestALateFirstChunkIsASightingOutOfSlots(t *testing.T) {
 func TestDecodeStaysAreSharedAndHalved(t *testing.T) {
 	// Two replies on target 7 decode 3 s and 1 s from their first chunk to their
 	// release; a third, whose first chunk never came, adds nothing. Another VM reads
-	// both stays from the shared key (each end counts stayUnit); a half-life later
+	// both stays from the shared key (each end counts countUnit); a half-life later
 	// each counts half.
 	store := state.NewMemoryStore()
 	now := int64(stayHalfLifeMS) * 100
@@ -744,14 +744,14 @@ func TestDecodeStaysAreSharedAndHalved(t *testing.T) {
 	}
 	got := make([]Load, 1)
 	require.NoError(t, NewLoadLedger(store, "ns", "decode", 600000, 8).LoadsInto(now, index, got))
-	assert.Equal(t, [2]int64{4000, 2 * stayUnit}, [2]int64{got[0].StayMS, got[0].Stays})
+	assert.Equal(t, [2]int64{4000, 2 * countUnit}, [2]int64{got[0].StayMS, got[0].Stays})
 	got[0] = Load{}
 	require.NoError(t, NewLoadLedger(store, "ns", "decode", 600000, 8).LoadsInto(now+stayHalfLifeMS, index, got))
-	assert.Equal(t, [2]int64{2000, stayUnit}, [2]int64{got[0].StayMS, got[0].Stays})
+	assert.Equal(t, [2]int64{2000, countUnit}, [2]int64{got[0].StayMS, got[0].Stays})
 	// Eight half-lives later, a fraction of an end still counts with its ms.
 	got[0] = Load{}
 	require.NoError(t, NewLoadLedger(store, "ns", "decode", 600000, 8).LoadsInto(now+8*stayHalfLifeMS, index, got))
-	assert.Equal(t, [2]int64{4000 >> 8, 2 * stayUnit >> 8}, [2]int64{got[0].StayMS, got[0].Stays})
+	assert.Equal(t, [2]int64{4000 >> 8, 2 * countUnit >> 8}, [2]int64{got[0].StayMS, got[0].Stays})
 }
 
 func TestMeanStayCountsTheRepliesStillDecoding(t *testing.T) {
@@ -767,11 +767,11 @@ func TestMeanStayCountsTheRepliesStillDecoding(t *testing.T) {
 	p.addDecodeTime(loads, now)
 	p.viewed = true
 	p.addDecodeTime(loads, now+1000)
-	v := &poolView{pool: p, loads: []Load{{StayMS: 200, Stays: 2 * stayUnit}, {}}}
+	v := &poolView{pool: p, loads: []Load{{StayMS: 200, Stays: 2 * countUnit}, {}}}
 	assert.InDelta(t, math.Sqrt(100*5000), v.meanStay(), 1e-9)
 	v.loads[0] = Load{}
 	assert.Zero(t, v.meanStay())
-	v.loads[1] = Load{StayMS: 2 * 8000, Stays: 2 * stayUnit}
+	v.loads[1] = Load{StayMS: 2 * 8000, Stays: 2 * countUnit}
 	assert.InDelta(t, 8000, v.meanStay(), 1e-9)
 	loads[0] = Load{}
 	p.addDecodeTime(loads, now+stayHalfLifeMS)

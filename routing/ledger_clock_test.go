@@ -61,19 +61,38 @@ func TestLedgerRecentWorkHalvesEveryHalfLife(t *testing.T) {
 	require.NoError(t, a.Release(x, now))
 	require.NoError(t, a.Release(y, now))
 	tok, sent := recent(a, t0)
-	assert.Equal(t, [2]int64{800, 2}, [2]int64{tok, sent}, "the uncached tokens and the requests sent; releases keep them")
+	assert.Equal(t, [2]int64{800, 2 * countUnit}, [2]int64{tok, sent}, "the uncached tokens and the requests sent; releases keep them")
 
 	require.NoError(t, a.Flush(t0))
 	tok, sent = recent(b, t0+recentHalfLifeMS)
-	assert.Equal(t, [2]int64{400, 1}, [2]int64{tok, sent}, "another VM reads them, halved after a half-life")
+	assert.Equal(t, [2]int64{400, countUnit}, [2]int64{tok, sent}, "another VM reads them, halved after a half-life")
 	_, err = b.AcquireQueued(11, 400, 400, 0, t0+recentHalfLifeMS)
 	require.NoError(t, err)
 	require.NoError(t, b.Flush(t0+recentHalfLifeMS))
 	require.NoError(t, a.Flush(t0+recentHalfLifeMS))
 	tok, sent = recent(a, t0+recentHalfLifeMS)
-	assert.Equal(t, [2]int64{800, 2}, [2]int64{tok, sent}, "both VMs' work, as of the later half-life")
+	assert.Equal(t, [2]int64{800, 2 * countUnit}, [2]int64{tok, sent}, "both VMs' work, as of the later half-life")
 	tok, sent = recent(a, t0+3*recentHalfLifeMS)
-	assert.Equal(t, [2]int64{200, 0}, [2]int64{tok, sent})
+	assert.Equal(t, [2]int64{200, countUnit / 2}, [2]int64{tok, sent}, "half a request is still counted")
 	tok, sent = recent(a, t0+80*recentHalfLifeMS)
 	assert.Equal(t, [2]int64{0, 0}, [2]int64{tok, sent})
+}
+
+func TestThePoolsWorkPerRequestOutlastsAHalving(t *testing.T) {
+	// Three requests of 1000 uncached tokens, read a half-life later: 1500 tokens
+	// over one and a half requests. Counted in whole requests, the three would halve
+	// to one, and each request would seem to bring 1500 tokens.
+	clock := &fakeClock{ms: 16*recentHalfLifeMS - 10}
+	r := NewRouter(testConfig(t, ""), state.NewMemoryStore(), clock.now)
+	id := r.DecodeTargets()[0].ID
+	for k := 0; k < 3; k++ {
+		tk, err := r.decode.ledger.AcquireQueued(id, 1000, 1000, clock.ms, clock.ms)
+		require.NoError(t, err)
+		require.NoError(t, r.decode.ledger.FirstChunk(&tk, clock.ms+1))
+		require.NoError(t, r.decode.ledger.Release(tk, clock.now))
+	}
+	clock.ms += recentHalfLifeMS
+	v, err := r.view(r.decode, NoRank, clock.ms)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1000), v.perRequest)
 }

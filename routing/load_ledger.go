@@ -95,7 +95,7 @@ type ledgerDelta struct {
 const ledgerBatch = 16
 
 const (
-	ledgerFormat = 7
+	ledgerFormat = 8
 	ledgerSlots  = 8
 	// per target: id(8) written(8) since(8) chunk(8) rate tokens(4) rate ms(4)
 	// recent tokens(8) recent requests(4) recent epoch(4) cache(8) full running(4)
@@ -131,15 +131,18 @@ func addRecent(aTok, aSent, aEpoch, bTok, bSent, bEpoch int64) (tok, sent, epoch
 		decayed(aSent, aEpoch, epoch) + decayed(bSent, bEpoch, epoch), epoch
 }
 
+// countUnit is what one request counts in a count that halves (the recent sends, the
+// ended stays), so that halving keeps fractions of one: at a few requests a
+// half-life, a count of whole ones would halve to nothing while the tokens or ms
+// beside it did not, and the two would no longer give a mean.
+const countUnit = 256
+
 // stayHalfLifeShift makes stayHalfLifeMS, the half-life of the recent decode stays, a
 // power of two, as recentHalfLifeShift does. It is short: the first replies to end
-// are the short ones, and the mean must follow the longer ones as they end. Each end
-// counts stayUnit, so that halving keeps fractions of one: at a few ends a half-life,
-// a count of whole ends would halve to nothing while their ms did not.
+// are the short ones, and the mean must follow the longer ones as they end.
 const (
 	stayHalfLifeShift = 11
 	stayHalfLifeMS    = 1 << stayHalfLifeShift
-	stayUnit          = 256
 )
 
 // rateWindowMS bounds the prefill time a target's rate is learned over: past it,
@@ -155,8 +158,8 @@ type Load struct {
 	Prefill  int64 // queued prefill tokens: uncached tokens awaiting their first chunk
 	Written  int64 // the write clock: uncached tokens ever sent to the target
 
-	// The recent work: uncached tokens and requests sent to the target, each halved
-	// every recentHalfLifeMS.
+	// The recent work: uncached tokens and requests (in countUnits) sent to the
+	// target, each halved every recentHalfLifeMS.
 	Recent, RecentSent int64
 
 	// The prefill progress (PrefillAhead), times in ms: Since is when all of Prefill
@@ -176,7 +179,7 @@ type Load struct {
 	FullRunning, FullAt int64
 
 	// The recent decode stays: the ms from first chunk to end of the requests that
-	// ended on the target, and how many they were in stayUnits, each halved every
+	// ended on the target, and how many they were in countUnits, each halved every
 	// stayHalfLifeMS.
 	StayMS, Stays int64
 }
@@ -735,7 +738,7 @@ func (l *LoadLedger) acquireInto(t *LoadTicket, target uint64, tokens, prefill, 
 	}
 	d := ledgerDelta{target: target, epoch: epoch, requests: 1, prefills: prefills, tokens: tokens,
 		prefill: prefill, written: prefill, since: since, chunk: 0, rateTok: 0, rateMS: 0,
-		recent: prefill, recentSent: 1, recentEpoch: nowMS >> recentHalfLifeShift}
+		recent: prefill, recentSent: countUnit, recentEpoch: nowMS >> recentHalfLifeShift}
 	err := l.note(&d, func() int64 { return nowMS })
 	t.Target, t.Epoch, t.Tokens, t.Prefill, t.SentMS, t.DueMS, t.ChunkMS, t.Valid = target, epoch, tokens, prefill, nowMS, 0, 0, true
 	return err
@@ -831,7 +834,7 @@ func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
 	if t.ChunkMS > 0 {
 		// Its reply decoded from its first chunk to now.
 		nowMS := now()
-		d.stayMS, d.stays, d.stayEpoch = max(0, nowMS-t.ChunkMS), stayUnit, nowMS>>stayHalfLifeShift
+		d.stayMS, d.stays, d.stayEpoch = max(0, nowMS-t.ChunkMS), countUnit, nowMS>>stayHalfLifeShift
 		return l.note(&d, func() int64 { return nowMS })
 	}
 	return l.note(&d, now)

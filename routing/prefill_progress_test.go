@@ -87,7 +87,7 @@ func TestFirstChunksTeachATargetsPrefillRate(t *testing.T) {
 	require.NoError(t, l.FirstChunk(&a, 1400))
 	got = one(1400)
 	assert.Equal(t, Load{Requests: 2, Prefills: 1, Tokens: 6000, Prefill: 2000, Written: 6000,
-		Recent: 6000, RecentSent: 2, Since: 1400, Chunk: 1400, RateTokens: 4000, RateMS: 400}, got)
+		Recent: 6000, RecentSent: 2 * countUnit, Since: 1400, Chunk: 1400, RateTokens: 4000, RateMS: 400}, got)
 	assert.Equal(t, int64(1000), got.PrefillAhead(1500), "10 a ms for 100 ms")
 
 	// B's first chunk at 1600: its prefill ran from A's chunk (after its send), 200 ms.

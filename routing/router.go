@@ -320,7 +320,7 @@ func (r *Router) view(p *poolState, rank int, nowMS int64) (*poolView, error) {
 	}
 	v.perRequest = 0
 	if sent > 0 {
-		v.perRequest = recent / sent
+		v.perRequest = recent * countUnit / sent
 	}
 	v.rate, v.nowMS, v.copyTokens, v.copyNow = 0, nowMS, 0, false
 	if rms > 0 {
@@ -544,7 +544,7 @@ func (v *poolView) slotWait(slots int64) float64 {
 	if v.total.RecentSent <= 0 || v.rate <= 0 || slots <= 0 {
 		return 0
 	}
-	stay := float64(v.sentInFlight) * sendsWindow(v.pool.sendsFromMS, v.nowMS) / float64(v.total.RecentSent)
+	stay := float64(v.sentInFlight*countUnit) * sendsWindow(v.pool.sendsFromMS, v.nowMS) / float64(v.total.RecentSent)
 	return stay / float64(slots) * v.rate
 }
 
@@ -1219,7 +1219,7 @@ func (v *poolView) meanStay() float64 {
 	if stays <= 0 || stayMS <= 0 {
 		return 0
 	}
-	ends := float64(stays) / stayUnit
+	ends := float64(stays) / countUnit
 	ended := float64(stayMS) / ends
 	return math.Sqrt(ended * max(ended, v.pool.decodeTime/ends))
 }
@@ -1259,7 +1259,7 @@ func holdersBacklogged(v *poolView, pr *prompt, found []prefix.PrefixMatch, pref
 		if backlog <= 0 {
 			return false
 		}
-		if spare := frees - float64(v.loads[i].RecentSent)/window; spare > 0 && float64(backlog) <= spare*copyMS {
+		if spare := frees - float64(v.loads[i].RecentSent)/countUnit/window; spare > 0 && float64(backlog) <= spare*copyMS {
 			return false
 		}
 	}
@@ -1799,11 +1799,8 @@ func (v *poolView) spreadLoad(i int, cached bool) int64 {
 		work = int64(float64(l.Recent) * slow)
 	}
 	if t := &v.total; cached && t.RecentSent > 0 {
-		requests := l.RecentSent * t.Recent / t.RecentSent
-		if pace := v.requestPace(i); pace != 1 {
-			requests = int64(float64(requests) * pace)
-		}
-		work = max(work, requests)
+		requests := float64(l.RecentSent) * float64(t.Recent) / float64(t.RecentSent)
+		work = max(work, int64(requests*v.requestPace(i)))
 	}
 	return work
 }

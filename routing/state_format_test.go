@@ -105,7 +105,7 @@ func TestStateFormatLedger(t *testing.T) {
 	cfg := testConfig(t, `,"prefix":{"enabled":false}`)
 	// Formats 1 (no queued prefill tokens), 2 (no prefill progress), 3 (no recent
 	// work) and 6 (no decode stays) are older filters': read as unknown.
-	for _, f := range []byte{ledgerFormat, 0, 1, 2, 3, 6, 8, 0x7f, 0xff} {
+	for _, f := range []byte{ledgerFormat, 0, 1, 2, 3, 6, 7, 0x7f, 0xff} {
 		t.Run(fmt.Sprint("format ", f), func(t *testing.T) {
 			store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
 			r := NewRouter(cfg, store, clock.now)
