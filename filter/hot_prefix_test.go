@@ -346,3 +346,58 @@ func TestAPrefixWhoseHoldersSlotBacklogOutlastsACopyIsCopied(t *testing.T) {
 		})
 	}
 }
+
+// TestAPrefixsSecondRequestCopiesItWhileNoRateIsKnownInFilter: in a fresh pool of
+// eight ranks a request on a document (8000 tokens) is sent and left in prefill, and
+// a second request on it follows 200 ms later. No first chunk has come back anywhere:
+// all of the document's first computation counts as still queued, the second request
+// would wait as long behind it as for a copy, and it makes one on another rank; a
+// third request finds two holders and stays with one of them. Once a first chunk has
+// timed the pool's rate (20 tokens a ms: 4000 of the document done), or while other
+// prompts fill half the pool's time, the second request stays with the document.
+func TestAPrefixsSecondRequestCopiesItWhileNoRateIsKnownInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":8}]}}}`
+	for _, tc := range []struct {
+		name   string
+		rated  bool // a short prompt was computed on rank 7 first
+		busy   int  // other documents left in prefill on ranks 5–7 first
+		copied bool
+	}{
+		{"a cold pool", false, 0, true},
+		{"a rate known", true, 0, false},
+		{"half the pool busy", false, 3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(47))
+				doc := prose(rng, 32000)
+				var open []uint32
+				if tc.rated {
+					computeOn(t, h, prose(rng, 4000), "7", 50)
+				}
+				for i := 0; i < tc.busy; i++ {
+					open = append(open, openOn(t, h, prose(rng, 32000), fmt.Sprint(5+i), false))
+				}
+				first, holder, _ := routed(h, doc+prose(rng, 4000))
+				h.advance(200)
+				second, rank, decision := routed(h, doc+prose(rng, 4000))
+				h.advance(20)
+				third, rank3, decision3 := routed(h, doc+prose(rng, 4000))
+				for _, id := range append(open, first, second, third) {
+					h.endStream(id)
+				}
+				if !tc.copied {
+					assert.Equal(t, holder, rank, "the second request stays with the document")
+					assert.True(t, strings.HasPrefix(decision, "continuation"), decision)
+					return
+				}
+				assert.NotEqual(t, holder, rank, "the document is copied")
+				assert.Equal(t, "load", decision)
+				assert.Contains(t, []string{holder, rank}, rank3, "no third copy before a rate")
+				assert.True(t, strings.HasPrefix(decision3, "continuation"), decision3)
+			})
+		})
+	}
+}

@@ -1121,12 +1121,14 @@ func deepestAtCap(v *poolView, pr *prompt) int {
 // (Demand), at that pace, take more than copyLoad of its holders' time, or every
 // holder has stalled (holdersStalled), or the requests queued for it on every holder
 // wait longer than a copy takes (holdersQueued), or every holder's backlog for its
-// running slots outlasts a copy (holdersBacklogged, which sets v.copyNow). Then
+// running slots outlasts a copy (holdersBacklogged, which sets v.copyNow). Before
+// the pool has shown a rate, only the queue counts, for a second holder while the
+// pool has room for it (coldCopyFits). Then
 // v.copyTokens is set to the prefix's tokens, which a target without them weighs as
 // its user's wait alone, and the cost decides whether this request makes a copy (with
 // v.copyNow, where among the places without the prefix: placeCopy).
 func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) bool {
-	if pr.search == nil || v.rate <= 0 {
+	if pr.search == nil {
 		return false
 	}
 	found := pr.search.Found() // the holders of the deepest checkpoint matched, or more
@@ -1140,6 +1142,13 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 		return false
 	}
 	demand, span := pr.search.Demand(v.nowMS, (own+bt-1)/bt)
+	if v.rate <= 0 {
+		if len(found) == 1 && coldCopyFits(v, int64(shared)) && holdersQueued(v, pr, int64(shared), bt) {
+			v.copyTokens = shared
+			return true
+		}
+		return false
+	}
 	// The holders' own rate: their first chunks time these requests' tokens from the
 	// index's deepest checkpoint on, as own counts them.
 	var rtok, rms int64
@@ -1170,6 +1179,24 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 	}
 	v.copyTokens = shared
 	return true
+}
+
+// coldCopyFits reports whether a pool that has returned no first chunk yet (no rate)
+// has room for a second copy of a prefix of prefixTokens: with the copy, what is
+// queued on its eligible targets is at most half of what the prefix would take on
+// each of them. Until a first chunk comes back, every prompt sent is still queued,
+// the prefix's first computation too, so a request for it waits as long on its
+// holder as on a copy, while a copy made later, once the holder has drained, costs
+// its request the whole prefix; and no demand can be timed yet. But the pool's first
+// seconds also bring other prompts' first computations, which want idle targets: a
+// second copy is made only while half the pool's time stays free for them, and no
+// third before a rate is known.
+func coldCopyFits(v *poolView, prefixTokens int64) bool {
+	var queued int64
+	for _, i := range v.eligible {
+		queued += v.ahead[i]
+	}
+	return 2*(queued+prefixTokens) <= prefixTokens*int64(len(v.eligible))
 }
 
 // holdersStalled reports whether every holder of the prefix has stalled
