@@ -426,3 +426,32 @@ func TestADisaggregatedDecodeLegIsNoSlotSightingInFilter(t *testing.T) {
 		})
 	}
 }
+
+// TestAPrefillPoolMakesNoCopyForWantOfARateInFilter: prefill targets return no first
+// chunk, so the prefill pool never shows a rate; the second holder a decode pool
+// gives a prefix before its first chunk is not made there. A document's second
+// request, 200 ms after the first, is prefilled on the rank still computing it.
+func TestAPrefillPoolMakesNoCopyForWantOfARateInFilter(t *testing.T) {
+	const cfg = `{"disaggregation":{"mode":"sidecar","threshold_tokens":100},"pools":{
+		"decode":{"endpoints":[{"address":"10.0.1.1:8000"},{"address":"10.0.1.2:8000"}]},
+		"prefill":{"endpoints":[{"address":"10.0.2.1:8000","dp_size":8}]}}}`
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h := startHost(t, vm, cfg)
+		rng := rand.New(rand.NewSource(9))
+		doc := prose(rng, 32000)
+		var ranks []string
+		var ids []uint32
+		for i := 0; i < 2; i++ {
+			id, _ := h.send(post("/v1/chat/completions", chat(doc+prose(rng, 4000))))
+			dec, _ := h.header(id, "x-kvroute-decision")
+			require.True(t, strings.HasSuffix(dec, ";pd=disaggregated"), dec)
+			rank, _ := h.header(id, "x-prefiller-data-parallel-rank")
+			ranks, ids = append(ranks, rank), append(ids, id)
+			h.advance(200)
+		}
+		assert.Equal(t, ranks[0], ranks[1], "the document is prefilled where it is being computed")
+		for _, id := range ids {
+			h.respond(id, 200)
+		}
+	})
+}

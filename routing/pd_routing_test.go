@@ -148,3 +148,26 @@ func TestADisaggregatedDecodeLegIsNoSlotSighting(t *testing.T) {
 		})
 	}
 }
+
+// A prefill pool's targets return no first chunk, so it never shows a rate: the
+// second holder a decode pool gives a prefix before its first chunk (coldCopyFits)
+// is not made there, and a document's second request is prefilled where its first
+// still is.
+func TestAPrefillPoolMakesNoCopyForWantOfARate(t *testing.T) {
+	js := `{"pools":{"decode":{"endpoints":[{"address":"10.0.1.1:8000"},{"address":"10.0.1.2:8000"}]},
+		"prefill":{"endpoints":[{"address":"10.0.2.1:8000","dp_size":8}]}},
+		"disaggregation":{"mode":"vllm","threshold_tokens":100}}`
+	cfg, err := config.ParseConfig([]byte(js))
+	require.NoError(t, err)
+	clock := &fakeClock{ms: 1e6}
+	r := NewRouter(&cfg, state.NewMemoryStore(), clock.now)
+	rng := rand.New(rand.NewSource(5))
+	doc := words(rng, 32000)
+	first := r.Decide(textRequest(doc+words(rng, 4000), 1), NoRank)
+	require.Equal(t, PDDisaggregated, first.PD)
+	clock.ms += 200
+	second := r.Decide(textRequest(doc+words(rng, 4000), 2), NoRank)
+	require.Equal(t, PDDisaggregated, second.PD)
+	assert.Equal(t, first.Prefill, second.Prefill)
+	assert.Greater(t, second.MatchedTokens, 7000)
+}

@@ -1143,7 +1143,10 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 	}
 	demand, span := pr.search.Demand(v.nowMS, (own+bt-1)/bt)
 	if v.rate <= 0 {
-		if len(found) == 1 && coldCopyFits(v, int64(shared)) && holdersQueued(v, pr, int64(shared), bt) {
+		// A prefill pool never shows a rate (its first chunks come back on the decode
+		// legs): its placement is left to the cost.
+		if v.pool != r.prefill && len(found) == 1 && coldCopyFits(v, int64(shared)) &&
+			holdersQueued(v, pr, int64(shared), bt) {
 			v.copyTokens = shared
 			return true
 		}
