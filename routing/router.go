@@ -1187,13 +1187,13 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 // coldCopyFits reports whether a pool that has returned no first chunk yet (no rate)
 // has room for a second copy of a prefix of prefixTokens held by holder: with the
 // copy, what is queued on its eligible targets is at most half of what the prefix
-// would take on each of them. Until a first chunk comes back, every prompt sent is still queued,
-// the prefix's first computation too, so a request for it waits as long on its
-// holder as on a copy, while a copy made later, once the holder has drained, costs
-// its request the whole prefix; and no demand can be timed yet. But the pool's first
-// seconds also bring other prompts' first computations, which want idle targets: a
-// second copy is made only while half the pool's time stays free for them, and no
-// third before a rate is known.
+// would take on each of them. Until a first chunk comes back, every prompt sent is
+// still queued, the prefix's first computation too, so a request for it waits as
+// long on its holder as on a copy, while a copy made later, once the holder has
+// drained, costs its request the whole prefix; and no demand can be timed yet. But
+// the pool's first seconds also bring other prompts' first computations, which want
+// idle targets: a second copy is made only while half the pool's time stays free
+// for them, and no third before a rate is known.
 func coldCopyFits(v *poolView, holder prefix.PrefixMatch, prefixTokens int64) bool {
 	// The holder's queue is at least the prefix while it computes it (holdersQueued
 	// asks more): the cheap test first, as it fails on nearly every request.
