@@ -53,7 +53,9 @@ func startOn(tb testing.TB, v types.VMContext, config string) *emulator {
 }
 
 // exchange runs one request through every phase and ends it. Like Envoy, it gives
-// every request an x-request-id.
+// every request an x-request-id, and passes the response as a stream: its headers,
+// the first event (for kvroute the end of the request's prefill, which its ledger
+// times and learns the target's rate and cache from), the last event.
 func (e *emulator) exchange(path string, body []byte, extra ...[2]string) {
 	id := e.InitializeHttpContext()
 	e.requests++
@@ -63,6 +65,8 @@ func (e *emulator) exchange(path string, body []byte, extra ...[2]string) {
 		e.CallOnRequestBody(id, body, true)
 	}
 	e.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+	e.CallOnResponseBody(id, []byte("data: {}\n\n"), false)
+	e.CallOnResponseBody(id, []byte("data: [DONE]\n\n"), true)
 	e.CompleteHttpContext(id)
 	if err := e.ends.End(id); err != nil {
 		panic(err)
