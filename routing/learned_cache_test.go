@@ -45,10 +45,10 @@ func TestCacheNewsOfAFirstChunk(t *testing.T) {
 func TestLearnCache(t *testing.T) {
 	type news struct {
 		limit int64
-		d     *ledgerDelta
+		d     *cacheReport
 	}
-	miss := func(age, limit int64) news { return news{limit, &ledgerDelta{cacheHit: -1, cacheAge: age}} }
-	hit := func(age, limit int64) news { return news{limit, &ledgerDelta{cacheHit: 1, cacheAge: age}} }
+	miss := func(age, limit int64) news { return news{limit, &cacheReport{hit: -1, age: age}} }
+	hit := func(age, limit int64) news { return news{limit, &cacheReport{hit: 1, age: age}} }
 	for _, c := range []struct {
 		name  string
 		cache int64
@@ -377,4 +377,45 @@ func TestAHistoryGoneBehindASystemPromptHeldEverywhereTeachesTheCache(t *testing
 	loads, err := r.Loads()
 	require.NoError(t, err)
 	assert.Equal(t, int64(15200), loads[r.decode.targets.Index(x)].Cache)
+}
+
+// TestCacheNewsIsKeptApartFromTheBatchAndLearnedInOrder: six first chunks on one
+// target show copies gone (each computed the whole prompt) at ages 5000, 4000, 4900,
+// 6000, 3000 and 4500 tokens. Their deltas merge into the target's slot, as any
+// other change to it does, so a VM's batch (and the walk every decision makes over
+// it) does not grow with them; their news is learned in the order it came: 5000,
+// then a twentieth down to 4750, two copies gone older than the cache teach
+// nothing, 3000 takes it to 4513, 4500 to 4500. Another VM learns the same once
+// the batch is written.
+func TestCacheNewsIsKeptApartFromTheBatchAndLearnedInOrder(t *testing.T) {
+	store, clock := state.NewMemoryStore(), &fakeClock{ms: 1e6}
+	r, other := NewRouter(testConfig(t, ""), store, clock.now), NewRouter(testConfig(t, ""), store, clock.now)
+	l := r.decode.ledger
+	x := r.DecodeTargets()[0].ID
+	first, err := l.AcquireQueued(x, 1000, 1000, 0, clock.ms)
+	require.NoError(t, err)
+	clock.ms += 100
+	require.NoError(t, l.FirstChunk(&first, clock.ms))
+	require.NoError(t, l.Release(first, clock.now))
+	require.NoError(t, r.FlushLoad())
+
+	for _, age := range []int64{5000, 4000, 4900, 6000, 3000, 4500} {
+		tk, err := l.AcquireQueued(x, 2000, 100, 0, clock.ms)
+		require.NoError(t, err)
+		tk.Cached, tk.CacheAge = 1900, age-1900
+		clock.ms += 200
+		require.NoError(t, l.FirstChunk(&tk, clock.ms))
+		require.NoError(t, l.Release(tk, clock.now))
+	}
+	assert.Len(t, l.reports, 6)
+	assert.LessOrEqual(t, len(l.pending), 2, "the first chunks' deltas merge into their slots")
+	loads, err := r.Loads()
+	require.NoError(t, err)
+	assert.Equal(t, int64(4500), loads[0].Cache)
+
+	require.NoError(t, r.FlushLoad())
+	require.NoError(t, other.FlushLoad())
+	loads, err = other.Loads()
+	require.NoError(t, err)
+	assert.Equal(t, int64(4500), loads[0].Cache)
 }

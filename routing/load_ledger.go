@@ -61,6 +61,18 @@ type LoadLedger struct {
 	seen    []byte // the key as this VM last read or wrote it
 	read    bool   // seen holds a read (or a write) of the key
 	pending []ledgerDelta
+	// reports are the batch's first chunks' news of their targets' caches, in order:
+	// apart from the deltas, which then merge by target and slot.
+	reports []cacheReport
+}
+
+// cacheReport is a first chunk's news of its target's cache: hit +1 if a copy age
+// tokens old was still there, -1 if it was gone; limit is the cache's stated or
+// reported size (0: configuredCache).
+type cacheReport struct {
+	target     uint64
+	hit        int8
+	age, limit int64
 }
 
 // ledgerDelta is one target-slot's change not yet written to the shared key.
@@ -78,12 +90,6 @@ type ledgerDelta struct {
 	rateTok, rateMS int64
 	// to the target's recent work, as of recentEpoch (its epoch is ignored)
 	recent, recentSent, recentEpoch int64
-	// a first chunk's news of the target's cache (its epoch is ignored): cacheHit
-	// +1 if a copy cacheAge tokens old was still there, -1 if it was gone;
-	// cacheLimit is the cache's stated or reported size (0: configuredCache)
-	cacheHit   int8
-	cacheAge   int64
-	cacheLimit int64
 	// the target was seen out of running slots at fullAt (ms; 0: no news) while
 	// running fullRunning requests past their first chunk (its epoch is ignored)
 	fullRunning, fullAt int64
@@ -494,8 +500,12 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 			if len(v) < n*ledgerSlotBytes {
 				break
 			}
+			if i < 0 {
+				v = v[n*ledgerSlotBytes:]
+				continue
+			}
 			for ; n > 0; n-- {
-				if i >= 0 && int64(binary.LittleEndian.Uint64(v)) > oldest {
+				if int64(binary.LittleEndian.Uint64(v)) > oldest {
 					dst[i].Requests += int64(binary.LittleEndian.Uint32(v[8:]))
 					dst[i].Prefills += int64(binary.LittleEndian.Uint32(v[12:]))
 					dst[i].Tokens += int64(binary.LittleEndian.Uint64(v[16:]))
@@ -517,9 +527,6 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 			l.RecentSent += decayed(d.recentSent, d.recentEpoch, nowEpoch)
 			l.StayMS += decayed(d.stayMS, d.stayEpoch, stayEpoch)
 			l.Stays += decayed(d.stays, d.stayEpoch, stayEpoch)
-			if d.cacheHit != 0 {
-				l.Cache = learnCache(l.Cache, cmp.Or(d.cacheLimit, configured), &d)
-			}
 			if d.fullAt != 0 {
 				l.FullRunning, l.FullAt = mergeFull(l.FullRunning, l.FullAt, d.fullRunning, d.fullAt)
 			}
@@ -530,6 +537,12 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 			dst[i].Prefills = max(0, dst[i].Prefills+d.prefills)
 			dst[i].Tokens = max(0, dst[i].Tokens+d.tokens)
 			dst[i].Prefill = max(0, dst[i].Prefill+d.prefill)
+		}
+	}
+	for k := range l.reports {
+		c := &l.reports[k]
+		if i := index(c.target); i >= 0 {
+			dst[i].Cache = learnCache(dst[i].Cache, cmp.Or(c.limit, configured), c)
 		}
 	}
 	return nil
@@ -557,7 +570,7 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 		}
 	}
 	entries := decodeLedger(l.seen, l.oldestLiveEpoch(nowMS), nowMS)
-	entries = applyDeltas(entries, l.pending, l.oldestLiveEpoch(nowMS), l.configuredCache)
+	entries = applyDeltas(entries, l.pending, l.reports, l.oldestLiveEpoch(nowMS), l.configuredCache)
 	out := make(map[uint64]Load, len(entries))
 	for i := range entries {
 		ld := entries[i].load()
@@ -571,21 +584,16 @@ func (l *LoadLedger) Snapshot(nowMS int64) (map[uint64]Load, error) {
 }
 
 // applyDeltas adds deltas to entries, slot by slot, never below zero; deltas to
-// slots at or before oldest have expired and are dropped. A target's learned cache
-// starts from, and stays at or under, the delta's cacheLimit, else configuredCache.
-func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest, configuredCache int64) []ledgerEntry {
+// slots at or before oldest have expired and are dropped. Then it learns each
+// target's cache from reports in order: from, and at or under, the report's limit,
+// else configuredCache.
+func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, reports []cacheReport, oldest, configuredCache int64) []ledgerEntry {
 	for _, d := range deltas {
-		if d.epoch <= oldest && d.written == 0 && d.recentSent == 0 && !d.progress() && d.cacheHit == 0 && d.fullAt == 0 && d.stays == 0 {
+		if d.epoch <= oldest && d.written == 0 && d.recentSent == 0 && !d.progress() && d.fullAt == 0 && d.stays == 0 {
 			continue
 		}
-		i := 0
-		for i < len(entries) && entries[i].target != d.target {
-			i++
-		}
-		if i == len(entries) {
-			entries = append(entries, ledgerEntry{target: d.target})
-		}
-		e := &entries[i]
+		var e *ledgerEntry
+		entries, e = entryOf(entries, d.target)
 		e.written += d.written
 		e.since, e.chunk = max(e.since, d.since), max(e.chunk, d.chunk)
 		e.rateTok += d.rateTok
@@ -595,9 +603,6 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest, configured
 		}
 		if d.recentSent != 0 || d.recent != 0 {
 			e.recent, e.recentSent, e.recentEpoch = addRecent(e.recent, e.recentSent, e.recentEpoch, d.recent, d.recentSent, d.recentEpoch)
-		}
-		if d.cacheHit != 0 {
-			e.cache = learnCache(e.cache, cmp.Or(d.cacheLimit, configuredCache), &d)
 		}
 		if d.fullAt != 0 {
 			e.fullRunning, e.fullAt = mergeFull(e.fullRunning, e.fullAt, d.fullRunning, d.fullAt)
@@ -620,7 +625,25 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest, configured
 		e.slots[j].tokens = max(0, e.slots[j].tokens+d.tokens)
 		e.slots[j].prefill = max(0, e.slots[j].prefill+d.prefill)
 	}
+	for k := range reports {
+		c := &reports[k]
+		var e *ledgerEntry
+		entries, e = entryOf(entries, c.target)
+		e.cache = learnCache(e.cache, cmp.Or(c.limit, configuredCache), c)
+	}
 	return entries
+}
+
+// entryOf returns target's entry, appended to entries if it has none.
+func entryOf(entries []ledgerEntry, target uint64) ([]ledgerEntry, *ledgerEntry) {
+	i := 0
+	for i < len(entries) && entries[i].target != target {
+		i++
+	}
+	if i == len(entries) {
+		entries = append(entries, ledgerEntry{target: target})
+	}
+	return entries, &entries[i]
 }
 
 // note records a change in the VM's batch, merged with one to the same slot, and
@@ -628,7 +651,7 @@ func applyDeltas(entries []ledgerEntry, deltas []ledgerDelta, oldest, configured
 func (l *LoadLedger) note(d *ledgerDelta, nowMS func() int64) error {
 	merged := false
 	for i := range l.pending {
-		if p := &l.pending[i]; p.target == d.target && p.epoch == d.epoch && d.cacheHit == 0 && p.cacheHit == 0 {
+		if p := &l.pending[i]; p.target == d.target && p.epoch == d.epoch {
 			p.requests += d.requests
 			p.prefills += d.prefills
 			p.tokens += d.tokens
@@ -653,7 +676,7 @@ func (l *LoadLedger) note(d *ledgerDelta, nowMS func() int64) error {
 	if !merged {
 		l.pending = append(l.pending, *d)
 	}
-	if len(l.pending) >= ledgerBatch || l.changes() >= ledgerBatch {
+	if len(l.pending)+len(l.reports) >= ledgerBatch || l.changes() >= ledgerBatch {
 		return l.Flush(nowMS())
 	}
 	return nil
@@ -662,8 +685,11 @@ func (l *LoadLedger) note(d *ledgerDelta, nowMS func() int64) error {
 // hasChanges reports whether the batch would change the shared key: acquires that
 // were released within the batch cancel out.
 func (l *LoadLedger) hasChanges() bool {
+	if len(l.reports) > 0 {
+		return true
+	}
 	for _, d := range l.pending {
-		if d.requests != 0 || d.prefills != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 || d.recentSent != 0 || d.progress() || d.cacheHit != 0 || d.fullAt != 0 || d.stays != 0 {
+		if d.requests != 0 || d.prefills != 0 || d.tokens != 0 || d.prefill != 0 || d.written != 0 || d.recentSent != 0 || d.progress() || d.fullAt != 0 || d.stays != 0 {
 			return true
 		}
 	}
@@ -693,7 +719,7 @@ func (l *LoadLedger) Flush(nowMS int64) error {
 	oldest := l.oldestLiveEpoch(nowMS)
 	var seen []byte
 	err := state.Update(l.store, l.key, l.retries, func(old []byte) ([]byte, bool) {
-		next := encodeLedger(applyDeltas(decodeLedger(old, oldest, nowMS), l.pending, oldest, l.configuredCache), l.keepClock)
+		next := encodeLedger(applyDeltas(decodeLedger(old, oldest, nowMS), l.pending, l.reports, oldest, l.configuredCache), l.keepClock)
 		if !l.hasChanges() && (old == nil || len(next) == len(old)) {
 			// Nothing to write and nothing expired (dropping a slot shortens the value).
 			seen = old
@@ -705,7 +731,7 @@ func (l *LoadLedger) Flush(nowMS int64) error {
 	if err != nil {
 		return err
 	}
-	l.seen, l.read, l.pending = seen, true, l.pending[:0]
+	l.seen, l.read, l.pending, l.reports = seen, true, l.pending[:0], l.reports[:0]
 	return nil
 }
 
@@ -769,7 +795,7 @@ func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 	if hit != 0 {
 		// The copy's head of Cached tokens outlives the writes after it while they and
 		// it fit the cache (PrefixSearch.live): its age against the cache is both.
-		d.cacheHit, d.cacheAge, d.cacheLimit = hit, t.CacheAge+t.Cached, t.CacheLimit
+		l.reports = append(l.reports, cacheReport{target: t.Target, hit: hit, age: t.CacheAge + t.Cached, limit: t.CacheLimit})
 		if hit < 0 {
 			d.rateTok += t.Cached // the copy was computed again
 		}
@@ -855,18 +881,18 @@ func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
 // older than they are and the learning would follow them past it; but no engine holds
 // more than its cache, and a long prompt sent for a copy it no longer has is a whole
 // prefill queued where none was counted.
-func learnCache(cache, limit int64, d *ledgerDelta) int64 {
+func learnCache(cache, limit int64, d *cacheReport) int64 {
 	if cache <= 0 || limit > 0 && cache > limit {
 		cache = limit
 	}
 	switch {
-	case d.cacheHit < 0 && (cache <= 0 || d.cacheAge < cache):
+	case d.hit < 0 && (cache <= 0 || d.age < cache):
 		if cache <= 0 {
-			return max(1, d.cacheAge)
+			return max(1, d.age)
 		}
-		return max(d.cacheAge, cache-cache/20)
-	case d.cacheHit > 0 && cache > 0 && d.cacheAge*5 >= cache*4:
-		if up := max(d.cacheAge, cache+cache/10); limit <= 0 || up < limit {
+		return max(d.age, cache-cache/20)
+	case d.hit > 0 && cache > 0 && d.age*5 >= cache*4:
+		if up := max(d.age, cache+cache/10); limit <= 0 || up < limit {
 			return up
 		}
 		return limit
