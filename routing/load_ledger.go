@@ -866,7 +866,7 @@ func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
 	return l.note(&d, now)
 }
 
-// learnCache is a target's learned cache after the news of one first chunk. limit is
+// learnCache is a target's learned cache after news, one first chunk's. limit is
 // the size stated or reported (0: unknown): the learning starts there when nothing is
 // learned yet, and never goes above it. A copy's age is the writes since it plus its
 // own tokens (FirstChunk). A copy found gone younger than the cache takes it a
@@ -881,18 +881,18 @@ func (l *LoadLedger) Release(t LoadTicket, now func() int64) error {
 // older than they are and the learning would follow them past it; but no engine holds
 // more than its cache, and a long prompt sent for a copy it no longer has is a whole
 // prefill queued where none was counted.
-func learnCache(cache, limit int64, d *cacheReport) int64 {
+func learnCache(cache, limit int64, news *cacheReport) int64 {
 	if cache <= 0 || limit > 0 && cache > limit {
 		cache = limit
 	}
 	switch {
-	case d.hit < 0 && (cache <= 0 || d.age < cache):
+	case news.hit < 0 && (cache <= 0 || news.age < cache):
 		if cache <= 0 {
-			return max(1, d.age)
+			return max(1, news.age)
 		}
-		return max(d.age, cache-cache/20)
-	case d.hit > 0 && cache > 0 && d.age*5 >= cache*4:
-		if up := max(d.age, cache+cache/10); limit <= 0 || up < limit {
+		return max(news.age, cache-cache/20)
+	case news.hit > 0 && cache > 0 && news.age*5 >= cache*4:
+		if up := max(news.age, cache+cache/10); limit <= 0 || up < limit {
 			return up
 		}
 		return limit
