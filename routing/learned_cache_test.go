@@ -37,7 +37,7 @@ func TestCacheNewsOfAFirstChunk(t *testing.T) {
 		{"no copy", LoadTicket{Prefill: 100}, rate, 210, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			assert.Equal(t, c.want, cacheNews(&c.ticket, c.took, &c.load))
+			assert.Equal(t, c.want, cacheNews(&c.ticket, c.took, c.load.RateTokens, c.load.RateMS))
 		})
 	}
 }

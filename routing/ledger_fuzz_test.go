@@ -8,8 +8,8 @@ import (
 
 // FuzzLedgerValue feeds arbitrary bytes to a VM as the shared ledger key (a torn or
 // foreign value): reading it, flushing a batch into it and reading back never panic,
-// and what a flush writes decodes, with this VM's sighting in it unless the value
-// fed carried one of its own.
+// a first chunk reads the progress the view shows, and what a flush writes decodes,
+// with this VM's sighting in it unless the value fed carried one of its own.
 func FuzzLedgerValue(f *testing.F) {
 	full := encodeLedger([]ledgerEntry{{target: 7, written: 512, since: 1e6, chunk: 1e6, rateTok: 900,
 		rateMS: 100, recent: 512, recentSent: 3, recentEpoch: 15, cache: 4096, fullRunning: 16, fullAt: 1e6,
@@ -34,6 +34,10 @@ func FuzzLedgerValue(f *testing.F) {
 		got := make([]Load, 1)
 		if err := l.LoadsInto(now, index, got); err != nil {
 			t.Fatal(err)
+		}
+		if chunk, rateTok, rateMS, cache := l.progressOf(7); chunk != got[0].Chunk || rateTok != got[0].RateTokens || rateMS != got[0].RateMS || cache != got[0].Cache {
+			t.Fatalf("a first chunk reads %d %d/%d cache %d where the view shows %d %d/%d cache %d",
+				chunk, rateTok, rateMS, cache, got[0].Chunk, got[0].RateTokens, got[0].RateMS, got[0].Cache)
 		}
 		if _, err := l.SeenFull(7, 16, now), l.SeenFull(7, 17, now+1); err != nil {
 			t.Fatal(err)

@@ -64,6 +64,15 @@ type LoadLedger struct {
 	// reports are the batch's first chunks' news of their targets' caches, in order:
 	// apart from the deltas, which then merge by target and slot.
 	reports []cacheReport
+	// learned is each reported target's cache in this VM's view after reports:
+	// learned once, as each report comes, rather than at every read of the view.
+	learned []learnedCache
+}
+
+// learnedCache is a target's cache learned from the batch's reports (learnCache).
+type learnedCache struct {
+	target uint64
+	cache  int64
 }
 
 // cacheReport is a first chunk's news of its target's cache: hit +1 if a copy age
@@ -475,7 +484,6 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 	}
 	oldest := l.oldestLiveEpoch(nowMS)
 	nowEpoch, stayEpoch := nowMS>>recentHalfLifeShift, nowMS>>stayHalfLifeShift
-	configured := l.configuredCache
 	if v := l.seen; len(v) >= 1 && v[0] == ledgerFormat {
 		for v = v[1:]; len(v) >= ledgerTargetHeader; {
 			i := index(binary.LittleEndian.Uint64(v))
@@ -539,10 +547,9 @@ func (l *LoadLedger) LoadsInto(nowMS int64, index func(uint64) int, dst []Load) 
 			dst[i].Prefill = max(0, dst[i].Prefill+d.prefill)
 		}
 	}
-	for k := range l.reports {
-		c := &l.reports[k]
-		if i := index(c.target); i >= 0 {
-			dst[i].Cache = learnCache(dst[i].Cache, cmp.Or(c.limit, configured), c)
+	for k := range l.learned {
+		if i := index(l.learned[k].target); i >= 0 {
+			dst[i].Cache = l.learned[k].cache
 		}
 	}
 	return nil
@@ -731,7 +738,7 @@ func (l *LoadLedger) Flush(nowMS int64) error {
 	if err != nil {
 		return err
 	}
-	l.seen, l.read, l.pending, l.reports = seen, true, l.pending[:0], l.reports[:0]
+	l.seen, l.read, l.pending, l.reports, l.learned = seen, true, l.pending[:0], l.reports[:0], l.learned[:0]
 	return nil
 }
 
@@ -779,23 +786,15 @@ func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 	if t.Prefill == 0 {
 		return nil
 	}
-	var prev [1]Load
-	target := t.Target
-	if err := l.LoadsInto(nowMS, func(id uint64) int {
-		if id == target {
-			return 0
-		}
-		return -1
-	}, prev[:]); err != nil {
-		prev[0] = Load{}
-	}
-	took := max(1, nowMS-max(t.SentMS, prev[0].Chunk))
+	chunk, rateTok, rateMS, cache := l.progressOf(t.Target)
+	took := max(1, nowMS-max(t.SentMS, chunk))
 	d := ledgerDelta{target: t.Target, epoch: t.Epoch, prefills: -1, prefill: -t.Prefill, since: nowMS, chunk: nowMS, rateTok: t.Prefill, rateMS: took}
-	hit := cacheNews(t, took, &prev[0])
+	hit := cacheNews(t, took, rateTok, rateMS)
 	if hit != 0 {
 		// The copy's head of Cached tokens outlives the writes after it while they and
 		// it fit the cache (PrefixSearch.live): its age against the cache is both.
 		l.reports = append(l.reports, cacheReport{target: t.Target, hit: hit, age: t.CacheAge + t.Cached, limit: t.CacheLimit})
+		l.learn(&l.reports[len(l.reports)-1], cache)
 		if hit < 0 {
 			d.rateTok += t.Cached // the copy was computed again
 		}
@@ -803,13 +802,69 @@ func (l *LoadLedger) FirstChunk(t *LoadTicket, nowMS int64) error {
 	if hit >= 0 && waitedForSlot(t, nowMS) {
 		// The request started only now, as another ended: the engine runs all its
 		// slots, this one among them. A copy found gone explains the wait otherwise.
-		if running := prev[0].Requests - prev[0].Prefills + 1; running >= slotsFullRunning &&
-			(running != prev[0].FullRunning || nowMS-prev[0].FullAt >= slotsMemoryMS/8) {
-			d.fullRunning, d.fullAt = running, nowMS
+		var prev [1]Load
+		target := t.Target
+		if l.LoadsInto(nowMS, func(id uint64) int {
+			if id == target {
+				return 0
+			}
+			return -1
+		}, prev[:]) == nil {
+			if running := prev[0].Requests - prev[0].Prefills + 1; running >= slotsFullRunning &&
+				(running != prev[0].FullRunning || nowMS-prev[0].FullAt >= slotsMemoryMS/8) {
+				d.fullRunning, d.fullAt = running, nowMS
+			}
 		}
 	}
 	t.Prefill = 0
 	return l.note(&d, func() int64 { return nowMS })
+}
+
+// progressOf is target's latest first chunk, observed prefill rate and cache in
+// this VM's view (Load.Chunk, RateTokens, RateMS, Cache before the batch's reports;
+// zero if the key cannot be read): what every first chunk needs, read without
+// LoadsInto's walk of every target's load.
+func (l *LoadLedger) progressOf(target uint64) (chunk, rateTok, rateMS, cache int64) {
+	if !l.read && l.refresh() != nil {
+		return 0, 0, 0, 0
+	}
+	if v := l.seen; len(v) >= 1 && v[0] == ledgerFormat {
+		// Every entry, as LoadsInto reads them: a foreign value may name one twice.
+		for v = v[1:]; len(v) >= ledgerTargetHeader; {
+			if binary.LittleEndian.Uint64(v) == target {
+				chunk = max(chunk, int64(binary.LittleEndian.Uint64(v[24:])))
+				rateTok += int64(binary.LittleEndian.Uint32(v[32:]))
+				rateMS += int64(binary.LittleEndian.Uint32(v[36:]))
+				cache = int64(binary.LittleEndian.Uint64(v[56:]))
+			}
+			skip := ledgerTargetHeader + int(v[92])*ledgerSlotBytes
+			if len(v) < skip {
+				break
+			}
+			v = v[skip:]
+		}
+	}
+	for i := range l.pending {
+		if d := &l.pending[i]; d.target == target {
+			chunk = max(chunk, d.chunk)
+			rateTok += d.rateTok
+			rateMS += d.rateMS
+		}
+	}
+	return chunk, rateTok, rateMS, cache
+}
+
+// learn takes news into its target's learned cache; seen is the target's cache in
+// the view before the batch's reports.
+func (l *LoadLedger) learn(news *cacheReport, seen int64) {
+	limit := cmp.Or(news.limit, l.configuredCache)
+	for i := range l.learned {
+		if c := &l.learned[i]; c.target == news.target {
+			c.cache = learnCache(c.cache, limit, news)
+			return
+		}
+	}
+	l.learned = append(l.learned, learnedCache{target: news.target, cache: learnCache(seen, limit, news)})
 }
 
 // waitedForSlot reports whether a first chunk at nowMS came so long after it was due
@@ -904,12 +959,12 @@ func learnCache(cache, limit int64, news *cacheReport) int64 {
 // was there (the prefill took about the uncached tokens' time at the target's rate),
 // -1 it was gone (about the whole prompt's), 0 nothing sure (no rate yet, a copy too
 // small to tell, or a prefill that took longer than even the whole prompt explains:
-// it waited for something else).
-func cacheNews(t *LoadTicket, took int64, l *Load) int8 {
-	if t.Cached < 2*t.Prefill || t.Cached <= 0 || l.RateMS <= 0 || l.RateTokens <= 0 {
+// it waited for something else). The rate is rateTok tokens in rateMS.
+func cacheNews(t *LoadTicket, took, rateTok, rateMS int64) int8 {
+	if t.Cached < 2*t.Prefill || t.Cached <= 0 || rateMS <= 0 || rateTok <= 0 {
 		return 0
 	}
-	computed := float64(took) * float64(l.RateTokens) / float64(l.RateMS)
+	computed := float64(took) * float64(rateTok) / float64(rateMS)
 	switch {
 	case computed <= float64(t.Prefill)+float64(t.Cached)/4:
 		return 1

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"cmp"
 	"math/rand"
 	"testing"
 
@@ -202,4 +203,81 @@ func TestATargetWithoutARateIsEstimatedAtItsPeers(t *testing.T) {
 	clock.ms = 2050
 	d := r.Decide(textRequest(words(rand.New(rand.NewSource(13)), 4000), 1), NoRank)
 	assert.Equal(t, b, d.Target.ID, "B's 4000 tokens are 3000 computed at its peers' rate")
+}
+
+// A first chunk reads its target's progress and cache without walking every
+// target's load, and learns its news into the cache once: what it reads, and what the
+// view then shows, are what the whole view and the batch's news in order give,
+// whatever the other VM wrote and this one has not, over a random run of sends (some
+// for copies), first chunks, releases and flushes.
+func TestAFirstChunkReadsTheProgressTheViewShows(t *testing.T) {
+	store := state.NewMemoryStore()
+	vms := []*LoadLedger{NewLoadLedger(store, "ns", "decode", 600000, 8), NewLoadLedger(store, "ns", "decode", 600000, 8)}
+	for _, l := range vms {
+		l.configuredCache = 60000
+	}
+	targets := []uint64{11, 22, 33, 44, 55}
+	index := func(id uint64) int {
+		for i, t := range targets {
+			if t == id {
+				return i
+			}
+		}
+		return -1
+	}
+	rng := rand.New(rand.NewSource(7))
+	var open [2][]LoadTicket
+	now := int64(1_000_000)
+	progressSeen, news, gone := 0, 0, 0
+	for step := 0; step < 4000; step++ {
+		now += int64(rng.Intn(40))
+		v := rng.Intn(2)
+		l := vms[v]
+		switch op := rng.Intn(10); {
+		case op < 4:
+			tk, err := l.AcquireQueued(targets[rng.Intn(len(targets)-1)], 500, int64(1+rng.Intn(400)), 0, now)
+			require.NoError(t, err)
+			if rng.Intn(2) == 0 {
+				tk.Cached, tk.CacheAge = 2*tk.Prefill+int64(rng.Intn(400)), int64(rng.Intn(70000))
+			}
+			open[v] = append(open[v], tk)
+		case op < 7 && len(open[v]) > 0:
+			i := rng.Intn(len(open[v]))
+			before := len(l.reports)
+			require.NoError(t, l.FirstChunk(&open[v][i], now))
+			news += len(l.reports) - before
+			if len(l.reports) > before && l.reports[before].hit < 0 {
+				gone++
+			}
+		case op < 9 && len(open[v]) > 0:
+			i := rng.Intn(len(open[v]))
+			require.NoError(t, l.Release(open[v][i], func() int64 { return now }))
+			open[v] = append(open[v][:i], open[v][i+1:]...)
+		default:
+			require.NoError(t, l.Flush(now))
+		}
+		for _, l := range vms {
+			view := make([]Load, len(targets))
+			require.NoError(t, l.LoadsInto(now, index, view))
+			for i, target := range targets {
+				chunk, rateTok, rateMS, cache := l.progressOf(target)
+				require.Equal(t, [3]int64{view[i].Chunk, view[i].RateTokens, view[i].RateMS}, [3]int64{chunk, rateTok, rateMS},
+					"step %d, target %d", step, target)
+				for k := range l.reports {
+					if c := &l.reports[k]; c.target == target {
+						cache = learnCache(cache, cmp.Or(c.limit, l.configuredCache), c)
+					}
+				}
+				require.Equal(t, cache, view[i].Cache, "step %d, target %d: the cache after the batch's news in order", step, target)
+				if rateMS > 0 {
+					progressSeen++
+				}
+			}
+		}
+	}
+	// Both halves of the view were read, the key's and the VM's batch, and news came
+	// of copies there and gone.
+	require.Greater(t, progressSeen, 1000)
+	require.Greater(t, news, 100)
+	require.Greater(t, gone, 10)
 }
