@@ -61,6 +61,24 @@ func burst(h *host, rng *rand.Rand, doc string, n, gapMS, own int, prefix string
 	return ids, ranks
 }
 
+// weighCopy sends a request on doc, with open left in prefill, ends them all, and
+// asserts where it went: with copied, to another rank than the document's holder
+// (rank 0), as a new copy; else to rank 0, as the document's continuation.
+func weighCopy(t *testing.T, h *host, rng *rand.Rand, doc string, open []uint32, copied bool) {
+	t.Helper()
+	id, rank, decision := routed(h, doc+prose(rng, 4000))
+	for _, id := range append(open, id) {
+		h.endStream(id)
+	}
+	if !copied {
+		assert.Equal(t, "0", rank, "the request stays with the document")
+		assert.True(t, strings.HasPrefix(decision, "continuation"), decision)
+		return
+	}
+	assert.NotEqual(t, "0", rank, "the document is copied off its queue")
+	assert.Equal(t, "load", decision)
+}
+
 // TestAPrefixIsCopiedWhenItsDemandOutrunsItsHolderInFilter: a document (8000 tokens)
 // is computed on rank 0 of four in 200 ms (40 tokens a ms). Then twelve requests on
 // the document, each with 1000 tokens of its own, are sent: 5 ms apart, left in
@@ -171,17 +189,7 @@ func TestAPrefixQueuedForIsCopiedInFilter(t *testing.T) {
 				if tc.elsewhereChars > 0 {
 					open = append(open, openOn(t, h, prose(rng, tc.elsewhereChars), "1", false))
 				}
-				id, rank, decision := routed(h, doc+prose(rng, 4000))
-				for _, id := range append(open, id) {
-					h.endStream(id)
-				}
-				if !tc.copied {
-					assert.Equal(t, "0", rank, "the request stays with the document")
-					assert.True(t, strings.HasPrefix(decision, "continuation"), decision)
-					return
-				}
-				assert.NotEqual(t, "0", rank, "the document is copied off its queue")
-				assert.Equal(t, "load", decision)
+				weighCopy(t, h, rng, doc, open, tc.copied)
 			})
 		})
 	}
@@ -397,6 +405,45 @@ func TestAPrefixsSecondRequestCopiesItWhileNoRateIsKnownInFilter(t *testing.T) {
 				assert.Equal(t, "load", decision)
 				assert.Contains(t, []string{holder, rank}, rank3, "no third copy before a rate")
 				assert.True(t, strings.HasPrefix(decision3, "continuation"), decision3)
+			})
+		})
+	}
+}
+
+// TestACopyKeepsOffTargetsDrawingMoreThanTheirShareInFilter: a document (8000
+// tokens) is computed on rank 0 of four in 200 ms (40 tokens a ms), and short prompts
+// are computed on ranks 1–3, n on each, one after the other. Then another prompt is
+// left in prefill on rank 0 and a request on the document queued behind it: the
+// document is queued for, and the next request on it is weighed for a copy. With the
+// short prompts sent to every rank alike, it is copied to another rank. With ranks 1–3
+// drawing more than the pool's share of requests lately, a copy there would hold up
+// what they draw while it computes: the request waits on rank 0 instead.
+func TestACopyKeepsOffTargetsDrawingMoreThanTheirShareInFilter(t *testing.T) {
+	const cfg = `{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":4}]}}}`
+	for _, tc := range []struct {
+		name    string
+		onRank0 bool // the short prompts go to rank 0 too
+		copied  bool
+	}{
+		{"every rank drawing alike", true, true},
+		{"the other ranks drawing more", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, cfg)
+				rng := rand.New(rand.NewSource(48))
+				doc := prose(rng, 32000)
+				computeOn(t, h, doc, "0", 200)
+				for i := 0; i < 40; i++ {
+					for _, rank := range []string{"0", "1", "2", "3"} {
+						if rank != "0" || tc.onRank0 {
+							computeOn(t, h, prose(rng, 160), rank, 1)
+						}
+					}
+				}
+				open := []uint32{openOn(t, h, prose(rng, 40000), "0", false), openOn(t, h, doc+prose(rng, 4000), "0", false)}
+				weighCopy(t, h, rng, doc, open, tc.copied)
 			})
 		})
 	}

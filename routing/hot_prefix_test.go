@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/routing/config"
+	"github.com/kvroute/kvroute/routing/extract"
 	"github.com/kvroute/kvroute/routing/hashx"
 	"github.com/kvroute/kvroute/routing/prefix"
 	"github.com/kvroute/kvroute/routing/state"
@@ -281,6 +282,46 @@ func TestAPrefixIsCopiedWhenRequestsQueueForItBehindMoreThanIt(t *testing.T) {
 			}
 			assert.NotEqual(t, x, d.Target.ID, "the document is copied off its queue")
 			assert.Equal(t, KindLoad, d.Kind)
+		})
+	}
+}
+
+// A copy weighed against its prefix's holder is charged, on each candidate, for the
+// requests the candidate draws beyond its share of the pool's recent sends while it
+// computes the request: they wait behind that prefill. The holder (target 0) holds
+// 8000 of the request's 9000 tokens behind 12 000 queued; targets 1–3 hold none and
+// are idle. The sends are over the last 300 ms.
+func TestACopyIsChargedForWhatItsTargetDrawsBeyondItsShare(t *testing.T) {
+	const nowMS = 3*recentHalfLifeMS + 10000
+	for _, tc := range []struct {
+		name string
+		sent [4]int64 // recent sends, in requests
+		rate [4]int64 // tokens a ms over 1000 ms of first chunks
+		want []int    // the places the request may go
+	}{
+		{"every target drawing alike: a copy", [4]int64{25, 25, 25, 25}, [4]int64{40, 40, 40, 40}, []int{1, 2, 3}},
+		{"two drawing four times the rest: the copy goes to the third", [4]int64{10, 40, 40, 10}, [4]int64{40, 40, 40, 40}, []int{3}},
+		{"a target twice as fast drawing twice as much is at its share", [4]int64{20, 40, 20, 20}, [4]int64{38, 80, 38, 38}, []int{1}},
+		{"one twice as fast drawing four times as much is not", [4]int64{20, 80, 20, 20}, [4]int64{38, 80, 38, 38}, []int{2, 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.DefaultConfig()
+			r := &Router{cfg: &cfg}
+			targets := NewPoolTargets(config.Pool{Endpoints: []config.Endpoint{{Address: "10.0.0.1:8000", DPSize: 4}}})
+			v := &poolView{pool: &poolState{targets: targets, sendsFromMS: nowMS - 300}, nowMS: nowMS,
+				loads: make([]Load, 4), ahead: make([]int64, 4), eligible: []int{0, 1, 2, 3}, copyTokens: 8000}
+			var rtok, rms int64
+			for i := range v.loads {
+				v.loads[i] = Load{RecentSent: tc.sent[i] * countUnit, RateTokens: tc.rate[i] * 1000, RateMS: 1000}
+				v.total.RecentSent += tc.sent[i] * countUnit
+				rtok, rms = rtok+tc.rate[i]*1000, rms+1000
+			}
+			v.rate = float64(rtok) / float64(rms)
+			v.loads[0].Prefill, v.loads[0].Prefills, v.ahead[0] = 12000, 2, 12000
+			req := &extract.Request{Tokens: 9000, Identity: 5}
+			matched := []int{8000, 0, 0, 0}
+			got := r.cheapestFrom(v, v.eligible, req, matched, 0, 0, 0)
+			assert.Contains(t, tc.want, got)
 		})
 	}
 }

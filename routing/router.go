@@ -693,6 +693,20 @@ func (r *Router) cheapestFrom(v *poolView, cands []int, req *extract.Request, ma
 	w := r.cfg.Balance.LoadWeight
 	best, bestCost := -1, 0.0
 	ts := v.pool.targets.Targets
+	// Weighing a copy, each candidate's prefill of this request also delays the
+	// requests the target draws meanwhile beyond its share of the pool's recent sends
+	// (a share in proportion to its prefill rate): they come back to it for what it
+	// caches, and wait behind that prefill half its time on average. So a copy keeps
+	// off the home of another prompt in demand.
+	var drawnWait, sentPerSpeed float64
+	if v.copyTokens > 0 && v.rate > 0 {
+		drawnWait = 1 / (2 * countUnit * sendsWindow(v.pool.sendsFromMS, v.nowMS) * v.rate)
+		speeds := 0.0
+		for _, j := range v.eligible {
+			speeds += v.speedOf(j)
+		}
+		sentPerSpeed = float64(v.total.RecentSent) / speeds
+	}
 	for _, i := range cands {
 		m := 0.0
 		if matched != nil {
@@ -707,6 +721,12 @@ func (r *Router) cheapestFrom(v *poolView, cands []int, req *extract.Request, ma
 			prefill *= pace
 		}
 		cost := prefill + float64(v.slotCharge(i)) + w*float64(l.Tokens)/denom*reqTokens
+		if drawnWait > 0 {
+			// A slower target takes longer over the prefill, and its share is smaller.
+			speed := v.speedOf(i)
+			own := (reqTokens - m) / speed
+			cost += drawnWait * max(0, float64(l.RecentSent)-sentPerSpeed*speed) * own * own
+		}
 		if i == home {
 			cost += stay
 		} else {
@@ -1861,6 +1881,14 @@ func (v *poolView) slowness(i int) (slow float64, ok bool) {
 		return 1, false
 	}
 	return v.rate * float64(l.RateMS) / float64(l.RateTokens), true
+}
+
+// speedOf is target i's observed prefill rate over the pool's (1 before it has one).
+func (v *poolView) speedOf(i int) float64 {
+	if l := &v.loads[i]; l.RateMS > 0 && l.RateTokens > 0 && v.rate > 0 {
+		return float64(l.RateTokens) / float64(l.RateMS) / v.rate
+	}
+	return 1
 }
 
 // sameRate: a target whose measured rate is within this factor of the pool's counts its
