@@ -410,17 +410,28 @@ func TestAPrefixsSecondRequestCopiesItWhileNoRateIsKnownInFilter(t *testing.T) {
 	}
 }
 
+// docOnRank0 starts a pool of four trusted ranks without a binding cap and has a
+// document of 8000 tokens computed on rank 0 in 200 ms (40 tokens a ms); it returns
+// the host, the random source the test goes on with, and the document.
+func docOnRank0(t *testing.T, vm types.VMContext, seed int64) (*host, *rand.Rand, string) {
+	const cfg = `{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":4}]}}}`
+	h := startHost(t, vm, cfg)
+	rng := rand.New(rand.NewSource(seed))
+	doc := prose(rng, 32000)
+	computeOn(t, h, doc, "0", 200)
+	return h, rng, doc
+}
+
 // TestACopyKeepsOffTargetsDrawingMoreThanTheirShareInFilter: a document (8000
 // tokens) is computed on rank 0 of four in 200 ms (40 tokens a ms), and short prompts
-// are computed on ranks 1–3, n on each, one after the other. Then another prompt is
+// are computed on ranks 1–3, 40 on each, one after the other. Then another prompt is
 // left in prefill on rank 0 and a request on the document queued behind it: the
 // document is queued for, and the next request on it is weighed for a copy. With the
 // short prompts sent to every rank alike, it is copied to another rank. With ranks 1–3
 // drawing more than the pool's share of requests lately, a copy there would hold up
 // what they draw while it computes: the request waits on rank 0 instead.
 func TestACopyKeepsOffTargetsDrawingMoreThanTheirShareInFilter(t *testing.T) {
-	const cfg = `{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
-		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":4}]}}}`
 	for _, tc := range []struct {
 		name    string
 		onRank0 bool // the short prompts go to rank 0 too
@@ -431,10 +442,7 @@ func TestACopyKeepsOffTargetsDrawingMoreThanTheirShareInFilter(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
-				h := startHost(t, vm, cfg)
-				rng := rand.New(rand.NewSource(48))
-				doc := prose(rng, 32000)
-				computeOn(t, h, doc, "0", 200)
+				h, rng, doc := docOnRank0(t, vm, 48)
 				for i := 0; i < 40; i++ {
 					for _, rank := range []string{"0", "1", "2", "3"} {
 						if rank != "0" || tc.onRank0 {
@@ -447,4 +455,31 @@ func TestACopyKeepsOffTargetsDrawingMoreThanTheirShareInFilter(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestACopyGoesToAFasterTargetDrawingItsShareInFilter: as above, but rank 1 computes
+// its short prompts twice as fast as the others and is sent twice as many, and ranks
+// 2 and 3 each have a prompt of 4000 tokens in prefill. Rank 1 draws more than the
+// pool's mean, but no more than its share at its rate: the document is copied there.
+func TestACopyGoesToAFasterTargetDrawingItsShareInFilter(t *testing.T) {
+	bothVMs(t, func(t *testing.T, vm types.VMContext) {
+		h, rng, doc := docOnRank0(t, vm, 49)
+		for i := 0; i < 40; i++ {
+			for _, rank := range []string{"0", "1", "1", "2", "3"} {
+				ms := 4
+				if rank == "1" {
+					ms = 2
+				}
+				computeOn(t, h, prose(rng, 320), rank, ms)
+			}
+		}
+		open := []uint32{openOn(t, h, prose(rng, 16000), "2", false), openOn(t, h, prose(rng, 16000), "3", false),
+			openOn(t, h, prose(rng, 40000), "0", false), openOn(t, h, doc+prose(rng, 4000), "0", false)}
+		id, rank, decision := routed(h, doc+prose(rng, 4000))
+		for _, id := range append(open, id) {
+			h.endStream(id)
+		}
+		assert.Equal(t, "1", rank, "the document is copied to the faster rank")
+		assert.Equal(t, "load", decision)
+	})
 }

@@ -1884,6 +1884,9 @@ func (v *poolView) slowness(i int) (slow float64, ok bool) {
 }
 
 // speedOf is target i's observed prefill rate over the pool's (1 before it has one).
+// Unlike slowness it counts from the first chunk on, without minPaceMS or sameRate: a
+// faster target draws more requests from a fleet's first seconds, and its share of
+// the sends must follow at once.
 func (v *poolView) speedOf(i int) float64 {
 	if l := &v.loads[i]; l.RateMS > 0 && l.RateTokens > 0 && v.rate > 0 {
 		return float64(l.RateTokens) / float64(l.RateMS) / v.rate
