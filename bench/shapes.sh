@@ -35,7 +35,7 @@ draws=${DRAWS:-2}
 mkdir -p build/shapes
 go build -o build/kvroute-replay ./cmd/kvroute-replay
 shapes=""
-for s in apps1 apps2 apps3 apps4 bursts1 bursts2 documents1 documents2 agents1 agents2; do
+for s in apps1 apps2 apps3 apps4 bursts1 bursts2 documents1 documents2 library1 agents1 agents2; do
 	f=build/shapes/$s.jsonl
 	[ -s "$f" ] || build/kvroute-replay -gen-shape "${s%?}" -seed "${s: -1}" -o "$f" >/dev/null
 	shapes="$shapes $f"

@@ -21,6 +21,10 @@ import (
 //     targets at once.
 //   - documents: 3 documents of 196 blocks (100352 tokens), 2500 questions of
 //     50–500 tokens about one of them at 6/s (Poisson). A few huge shared prefixes.
+//   - library: 6 documents of 150 blocks (76800 tokens), the k-th published at 60·k
+//     s; 3000 questions of 50–500 tokens at 7/s (Poisson), each about one of the
+//     documents published by then. Huge prefixes that arrive while the fleet is
+//     busy, each asked about by many at once from its first question on.
 //   - apps: 20 applications, each with a system prompt of 16 blocks (8192 tokens),
 //     4000 one-shot questions of 100–1500 tokens at 10/s (Poisson); application k
 //     is asked in proportion to 1/(k+1). Long shared prompts of uneven popularity,
@@ -41,6 +45,7 @@ type shapeGen struct {
 var shapes = map[string]func(g *shapeGen){
 	"bursts":    (*shapeGen).bursts,
 	"documents": (*shapeGen).documents,
+	"library":   (*shapeGen).library,
 	"apps":      (*shapeGen).apps,
 	"agents":    (*shapeGen).agents,
 }
@@ -88,6 +93,19 @@ func (g *shapeGen) documents() {
 	for q := 0; q < 2500; q++ {
 		at += g.rng.exp(1.0 / 6)
 		g.add(at, docs[g.rng.next()%3], g.rng.uniform(50, 500))
+	}
+}
+
+func (g *shapeGen) library() {
+	docs := make([][]uint64, 6)
+	for k := range docs {
+		docs[k] = g.ids(150)
+	}
+	at := 0.0
+	for q := 0; q < 3000; q++ {
+		at += g.rng.exp(1.0 / 7)
+		published := min(len(docs), int(at/60)+1)
+		g.add(at, docs[g.rng.next()%uint64(published)], g.rng.uniform(50, 500))
 	}
 }
 
@@ -148,7 +166,7 @@ func (g *shapeGen) apps() {
 func writeShape(w io.Writer, shape string, seed uint64) error {
 	gen, ok := shapes[shape]
 	if !ok {
-		return fmt.Errorf("unknown shape %q (bursts, documents, apps, agents)", shape)
+		return fmt.Errorf("unknown shape %q (bursts, documents, library, apps, agents)", shape)
 	}
 	g := &shapeGen{rng: &chatRand{s: seed}}
 	gen(g)
@@ -160,7 +178,7 @@ func writeShape(w io.Writer, shape string, seed uint64) error {
 // workload and returns the exit code.
 func shapeMain(args []string) int {
 	if len(args) == 0 || args[0] == "" || args[0][0] == '-' {
-		fmt.Fprintln(os.Stderr, "usage: kvroute-replay -gen-shape bursts|documents|apps|agents [-o file] [-seed n]")
+		fmt.Fprintln(os.Stderr, "usage: kvroute-replay -gen-shape bursts|documents|library|apps|agents [-o file] [-seed n]")
 		return 2
 	}
 	shape := args[0]

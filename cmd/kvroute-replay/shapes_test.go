@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"sort"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -85,6 +86,29 @@ func TestDocumentsAndAppsShareTheirPrefixes(t *testing.T) {
 		lo, hi = min(lo, c), max(hi, c)
 	}
 	assert.Greater(t, hi, 10*lo)
+}
+
+func TestALibraryPublishesADocumentAMinute(t *testing.T) {
+	recs, _ := readShape(t, "library", 3)
+	require.Len(t, recs, 3000)
+	docs := byPrefix(recs)
+	require.Len(t, docs, 6)
+	firsts := []float64{}
+	for _, qs := range docs {
+		first := qs[0].Timestamp
+		for _, q := range qs {
+			assert.Equal(t, qs[0].HashIDs[:150], q.HashIDs[:150])
+			assert.GreaterOrEqual(t, q.Timestamp, first)
+		}
+		firsts = append(firsts, first)
+	}
+	sort.Float64s(firsts)
+	// The k-th document is asked about only once published, at 60·k s, and a few
+	// seconds after at most (7 questions a second over the k+1 published).
+	for k, at := range firsts {
+		assert.GreaterOrEqual(t, at, float64(60000*k), "document %d", k)
+		assert.Less(t, at, float64(60000*k+10000), "document %d", k)
+	}
 }
 
 func TestAgentsGrowTheirHistoryOnAFewToolPrompts(t *testing.T) {
