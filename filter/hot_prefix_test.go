@@ -355,26 +355,31 @@ func TestAPrefixWhoseHoldersSlotBacklogOutlastsACopyIsCopied(t *testing.T) {
 	}
 }
 
-// TestAPrefixsSecondRequestCopiesItWhileNoRateIsKnownInFilter: in a fresh pool of
-// eight ranks a request on a document (8000 tokens) is sent and left in prefill, and
-// a second request on it follows 200 ms later. No first chunk has come back anywhere:
-// all of the document's first computation counts as still queued, the second request
-// would wait as long behind it as for a copy, and it makes one on another rank; a
-// third request finds two holders and stays with one of them. Once a first chunk has
-// timed the pool's rate (20 tokens a ms: 4000 of the document done), or while other
-// prompts fill half the pool's time, the second request stays with the document.
-func TestAPrefixsSecondRequestCopiesItWhileNoRateIsKnownInFilter(t *testing.T) {
+// TestAColdPrefixIsCopiedOntoHalfTheIdleRanksInFilter: in a fresh pool of eight
+// ranks, some of them busy with other documents left in prefill, eight requests on a
+// document (8000 tokens, 1000 of their own, 20 ms apart) are sent and left in
+// prefill. No first chunk has come back anywhere: each finds the document's holders
+// still computing it, and copies it onto an idle rank while its holders stay at most
+// half of the ranks the other documents leave: four of eight, two with three or four
+// ranks busy, none but the first with five. Once a first chunk
+// has timed the pool's rate (20 tokens a ms), a second request 200 ms after the
+// first (4000 of the document done) stays with the document.
+func TestAColdPrefixIsCopiedOntoHalfTheIdleRanksInFilter(t *testing.T) {
 	const cfg = `{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
 		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":8}]}}}`
 	for _, tc := range []struct {
-		name   string
-		rated  bool // a short prompt was computed on rank 7 first
-		busy   int  // other documents left in prefill on ranks 5–7 first
-		copied bool
+		name     string
+		rated    bool // a short prompt was computed on rank 7 first
+		busy     int  // other documents left in prefill on the last ranks first
+		requests int
+		gapMS    int
+		holders  int
 	}{
-		{"a cold pool", false, 0, true},
-		{"a rate known", true, 0, false},
-		{"half the pool busy", false, 3, false},
+		{"a cold pool", false, 0, 8, 20, 4},
+		{"three ranks busy", false, 3, 8, 20, 2},
+		{"four ranks busy", false, 4, 8, 20, 2},
+		{"five ranks busy", false, 5, 8, 20, 1},
+		{"a rate known", true, 0, 2, 200, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
@@ -385,26 +390,27 @@ func TestAPrefixsSecondRequestCopiesItWhileNoRateIsKnownInFilter(t *testing.T) {
 				if tc.rated {
 					computeOn(t, h, prose(rng, 4000), "7", 50)
 				}
+				busy := map[string]bool{}
 				for i := 0; i < tc.busy; i++ {
-					open = append(open, openOn(t, h, prose(rng, 32000), fmt.Sprint(5+i), false))
+					rank := fmt.Sprint(7 - i)
+					open = append(open, openOn(t, h, prose(rng, 32000), rank, false))
+					busy[rank] = true
 				}
-				first, holder, _ := routed(h, doc+prose(rng, 4000))
-				h.advance(200)
-				second, rank, decision := routed(h, doc+prose(rng, 4000))
-				h.advance(20)
-				third, rank3, decision3 := routed(h, doc+prose(rng, 4000))
-				for _, id := range append(open, first, second, third) {
+				holders := map[string]bool{}
+				for i := 0; i < tc.requests; i++ {
+					id, rank, decision := routed(h, doc+prose(rng, 4000))
+					open = append(open, id)
+					assert.False(t, busy[rank], "request %d went behind another document (%s)", i, decision)
+					if !holders[rank] && i > 0 {
+						assert.Equal(t, "load", decision, "request %d copies the document", i)
+					}
+					holders[rank] = true
+					h.advance(tc.gapMS)
+				}
+				for _, id := range open {
 					h.endStream(id)
 				}
-				if !tc.copied {
-					assert.Equal(t, holder, rank, "the second request stays with the document")
-					assert.True(t, strings.HasPrefix(decision, "continuation"), decision)
-					return
-				}
-				assert.NotEqual(t, holder, rank, "the document is copied")
-				assert.Equal(t, "load", decision)
-				assert.Contains(t, []string{holder, rank}, rank3, "no third copy before a rate")
-				assert.True(t, strings.HasPrefix(decision3, "continuation"), decision3)
+				assert.Len(t, holders, tc.holders)
 			})
 		})
 	}

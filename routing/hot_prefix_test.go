@@ -229,22 +229,20 @@ func TestAPrefixIsCopiedWhenRequestsQueueForItBehindMoreThanIt(t *testing.T) {
 	// second it stays on X; so it does when the other prefill was sent after the
 	// second (X is busy, but not with the document: the cost spreads that), when
 	// every other target has so much queued that the document computed there would
-	// not come sooner, when the pool is backlogged (its mean queue longer than the
-	// document: a copy's time is taken from other requests), and before any target
-	// has shown a rate, when how far X has got with its queue is unknown.
+	// not come sooner, and when the pool is backlogged (its mean queue longer than
+	// the document: a copy's time is taken from other requests). Before any first
+	// chunk another rule applies (TestAColdPrefixIsCopiedOntoHalfTheTargetsLeftIdle).
 	for _, c := range []struct {
-		name             string
-		before, after    int64    // uncached tokens queued on X before and after the second
-		others           [2]int64 // uncached tokens queued on the two other targets
-		documentAnswered bool     // whether the document's first chunk came back (a rate known)
-		copied           bool
+		name          string
+		before, after int64    // uncached tokens queued on X before and after the second
+		others        [2]int64 // uncached tokens queued on the two other targets
+		copied        bool
 	}{
-		{"queued for behind more than it", 3000, 0, [2]int64{}, true, true},
-		{"queued for behind less than it", 1000, 0, [2]int64{}, true, false},
-		{"busy with other prompts since", 0, 3000, [2]int64{}, true, false},
-		{"no sooner elsewhere", 2400, 600, [2]int64{1000, 1000}, true, false},
-		{"a backlogged pool", 3000, 0, [2]int64{3000, 0}, true, false},
-		{"no rate known", 3000, 0, [2]int64{}, false, false},
+		{"queued for behind more than it", 3000, 0, [2]int64{}, true},
+		{"queued for behind less than it", 1000, 0, [2]int64{}, false},
+		{"busy with other prompts since", 0, 3000, [2]int64{}, false},
+		{"no sooner elsewhere", 2400, 600, [2]int64{1000, 1000}, false},
+		{"a backlogged pool", 3000, 0, [2]int64{3000, 0}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rng := rand.New(rand.NewSource(34))
@@ -254,10 +252,8 @@ func TestAPrefixIsCopiedWhenRequestsQueueForItBehindMoreThanIt(t *testing.T) {
 			first := r.Decide(textRequest(doc, 1), NoRank)
 			x := first.Target.ID
 			clock.ms += 200
-			if c.documentAnswered {
-				require.NoError(t, r.FirstChunk(&first.Ticket))
-				require.NoError(t, r.Release(first.Ticket))
-			}
+			require.NoError(t, r.FirstChunk(&first.Ticket))
+			require.NoError(t, r.Release(first.Ticket))
 			queue := func(id uint64, tokens int64) {
 				if tokens > 0 {
 					_, err := r.decode.ledger.AcquireQueued(id, tokens, tokens, 0, clock.ms)
@@ -322,6 +318,41 @@ func TestACopyIsChargedForWhatItsTargetDrawsBeyondItsShare(t *testing.T) {
 			matched := []int{8000, 0, 0, 0}
 			got := r.cheapestFrom(v, v.eligible, req, matched, 0, 0, 0)
 			assert.Contains(t, tc.want, got)
+		})
+	}
+}
+
+// Before any first chunk has come back, a document's requests (2000 tokens of it, 400
+// of their own, 20 ms apart) are sent to a pool of eight targets, some of them busy
+// with other prompts' prefill. Each finds the document's holders still computing it
+// and copies it onto an idle target while its holders stay at most half of the
+// targets the other prompts leave: four in an idle pool, two with three or four
+// targets busy, and none but the first with five.
+func TestAColdPrefixIsCopiedOntoHalfTheTargetsLeftIdle(t *testing.T) {
+	for _, c := range []struct {
+		busy, holders int
+	}{{0, 4}, {3, 2}, {4, 2}, {5, 1}} {
+		t.Run(fmt.Sprintf("%d busy", c.busy), func(t *testing.T) {
+			rng := rand.New(rand.NewSource(35))
+			clock := &fakeClock{ms: 1e6}
+			cfg := testConfig(t, `,"balance":{"fair_share_multiplier":100}`)
+			cfg.Pools.Decode.Endpoints = []config.Endpoint{{Address: "10.0.0.1:8000", DPSize: 8}}
+			r := NewRouter(cfg, state.NewMemoryStore(), clock.now)
+			others := map[uint64]bool{}
+			for _, tg := range r.DecodeTargets()[:c.busy] {
+				_, err := r.decode.ledger.AcquireQueued(tg.ID, 1500, 1500, 0, clock.ms)
+				require.NoError(t, err)
+				others[tg.ID] = true
+			}
+			doc := words(rng, 8000)
+			holders := map[uint64]bool{}
+			for i := 0; i < 8; i++ {
+				d := r.Decide(textRequest(doc+words(rng, 1600), uint64(i)), NoRank)
+				assert.False(t, others[d.Target.ID], "request %d went behind another prompt", i)
+				holders[d.Target.ID] = true
+				clock.ms += 20
+			}
+			assert.Len(t, holders, c.holders)
 		})
 	}
 }

@@ -214,6 +214,7 @@ func TestMatchedTokensAreTheChosenTargetsPrefixBeforeTheRequest(t *testing.T) {
 	history := words(rng, 4000) // 1000 tokens, 62 full blocks of 16
 	first := r.Decide(textRequest(history, 1), NoRank)
 	assert.Equal(t, 0, first.MatchedTokens, "nothing recorded yet: its own record is not a match")
+	require.NoError(t, r.FirstChunk(&first.Ticket))
 	next := r.Decide(textRequest(history+words(rng, 400), 2), NoRank)
 	require.Equal(t, first.Target.ID, next.Target.ID)
 	// The index keeps checkpoints, not every block: a match is at least 7/8 of the truth.

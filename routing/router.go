@@ -1142,7 +1142,7 @@ func deepestAtCap(v *poolView, pr *prompt) int {
 // holder has stalled (holdersStalled), or the requests queued for it on every holder
 // wait longer than a copy takes (holdersQueued), or every holder's backlog for its
 // running slots outlasts a copy (holdersBacklogged, which sets v.copyNow). Before
-// the pool has shown a rate, only the queue counts, for a second holder while the
+// the pool has shown a rate, only the queue counts, for a further holder while the
 // pool has room for it (coldCopyFits). Then
 // v.copyTokens is set to the prefix's tokens, which a target without them weighs as
 // its user's wait alone, and the cost decides whether this request makes a copy (with
@@ -1165,7 +1165,7 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 	if v.rate <= 0 {
 		// A prefill pool never shows a rate (its first chunks come back on the decode
 		// legs): its placement is left to the cost.
-		if v.pool != r.prefill && len(found) == 1 && coldCopyFits(v, found[0], int64(shared)) &&
+		if v.pool != r.prefill && coldCopyFits(v, found, int64(shared)) &&
 			holdersQueued(v, pr, int64(shared), bt) {
 			v.copyTokens = shared
 			return true
@@ -1205,26 +1205,44 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 }
 
 // coldCopyFits reports whether a pool that has returned no first chunk yet (no rate)
-// has room for a second copy of a prefix of prefixTokens held by holder: with the
-// copy, what is queued on its eligible targets is at most half of what the prefix
-// would take on each of them. Until a first chunk comes back, every prompt sent is
-// still queued, the prefix's first computation too, so a request for it waits as
-// long on its holder as on a copy, while a copy made later, once the holder has
-// drained, costs its request the whole prefix; and no demand can be timed yet. But
-// the pool's first seconds also bring other prompts' first computations, which want
-// idle targets: a second copy is made only while half the pool's time stays free
-// for them, and no third before a rate is known.
-func coldCopyFits(v *poolView, holder prefix.PrefixMatch, prefixTokens int64) bool {
-	// The holder's queue is at least the prefix while it computes it (holdersQueued
+// has room for a further copy of a prefix of prefixTokens held by found: with it, the
+// prefix's holders would be at most half of the eligible targets that other prompts'
+// queued prefill leaves it. Until a first chunk comes back, every
+// prompt sent is still queued, the prefix's first computation too, so a request for
+// it waits about as long on a holder as on a copy, while a copy made later, once the
+// holders have drained, costs its request the whole prefix; and no demand can be
+// timed yet. Nor is it known yet how fast each target computes or how many requests
+// it runs at once: the requests that queue behind one first computation all start
+// when it ends, and a target slower than the rest, or one with fewer running slots
+// than they are, keeps them all waiting. Spread over several holders they wait on
+// whichever is done first, a few on each. But the pool's first seconds also bring
+// other prompts' first computations, which want idle targets: each prefix takes at
+// most half of what the others leave, and the rest stays idle for prompts to come.
+func coldCopyFits(v *poolView, found []prefix.PrefixMatch, prefixTokens int64) bool {
+	// A holder's queue is at least the prefix while it computes it (holdersQueued
 	// asks more): the cheap test first, as it fails on nearly every request.
-	if i := v.pool.byID32.get(uint64(holder.Target)); i < 0 || v.ahead[i] < prefixTokens {
+	if i := v.pool.byID32.get(uint64(found[0].Target)); i < 0 || v.ahead[i] < prefixTokens {
 		return false
 	}
-	var queued int64
-	for _, i := range v.eligible {
-		queued += v.ahead[i]
+	var holders, busy int
+	for _, m := range found {
+		// A holder that is not eligible has no queue in the view (holdersQueued
+		// then makes no copy).
+		i := v.pool.byID32.get(uint64(m.Target))
+		if i < 0 || len(v.eligible) < len(v.loads) && !contains(v.eligible, i) {
+			return false
+		}
+		if v.ahead[i] > 0 {
+			holders++
+		}
 	}
-	return 2*(queued+prefixTokens) <= prefixTokens*int64(len(v.eligible))
+	for _, i := range v.eligible {
+		if v.ahead[i] > 0 {
+			busy++
+		}
+	}
+	room := len(v.eligible) - (busy - holders)
+	return 2*(holders+1) <= room
 }
 
 // holdersStalled reports whether every holder of the prefix has stalled
