@@ -1207,17 +1207,17 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 // coldCopyFits reports whether a pool that has returned no first chunk yet (no rate)
 // has room for a further copy of a prefix of prefixTokens held by found: with it, the
 // prefix's holders would be at most half of the eligible targets that other prompts'
-// queued prefill leaves it. Until a first chunk comes back, every
-// prompt sent is still queued, the prefix's first computation too, so a request for
-// it waits about as long on a holder as on a copy, while a copy made later, once the
-// holders have drained, costs its request the whole prefix; and no demand can be
-// timed yet. Nor is it known yet how fast each target computes or how many requests
-// it runs at once: the requests that queue behind one first computation all start
-// when it ends, and a target slower than the rest, or one with fewer running slots
-// than they are, keeps them all waiting. Spread over several holders they wait on
-// whichever is done first, a few on each. But the pool's first seconds also bring
-// other prompts' first computations, which want idle targets: each prefix takes at
-// most half of what the others leave, and the rest stays idle for prompts to come.
+// queued prefill leaves it. Until a first chunk comes back, every prompt sent is
+// still queued, the prefix's first computation too, so a request for it waits about
+// as long on a holder as on a copy, while a copy made later, once the holders have
+// drained, costs its request the whole prefix; and no demand can be timed yet. Nor is
+// it known yet how fast each target computes or how many requests it runs at once:
+// the requests that queue behind one first computation all start when it ends, and a
+// target slower than the rest, or one with fewer running slots than they are, keeps
+// them all waiting. Spread over several holders they wait on whichever is done first,
+// a few on each. But the pool's first seconds also bring other prompts' first
+// computations, which want idle targets: each prefix takes at most half of what the
+// others leave, and the rest stays idle for prompts to come.
 func coldCopyFits(v *poolView, found []prefix.PrefixMatch, prefixTokens int64) bool {
 	// A holder's queue is at least the prefix while it computes it (holdersQueued
 	// asks more): the cheap test first, as it fails on nearly every request.
