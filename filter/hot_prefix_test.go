@@ -361,29 +361,32 @@ func TestAPrefixWhoseHoldersSlotBacklogOutlastsACopyIsCopied(t *testing.T) {
 // prefill. No first chunk has come back anywhere: each finds the document's holders
 // still computing it, and copies it onto an idle rank while its holders stay at most
 // half of the ranks the other documents leave: four of eight, two with three or four
-// ranks busy, none but the first with five. Once a first chunk
+// ranks busy, none but the first with five; four of sixteen too, the eight places a
+// prefix may have being its room there. Once a first chunk
 // has timed the pool's rate (20 tokens a ms), a second request 200 ms after the
 // first (4000 of the document done) stays with the document.
 func TestAColdPrefixIsCopiedOntoHalfTheIdleRanksInFilter(t *testing.T) {
 	const cfg = `{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
-		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":8}]}}}`
+		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":%d}]}}}`
 	for _, tc := range []struct {
 		name     string
+		ranks    int
 		rated    bool // a short prompt was computed on rank 7 first
 		busy     int  // other documents left in prefill on the last ranks first
 		requests int
 		gapMS    int
 		holders  int
 	}{
-		{"a cold pool", false, 0, 8, 20, 4},
-		{"three ranks busy", false, 3, 8, 20, 2},
-		{"four ranks busy", false, 4, 8, 20, 2},
-		{"five ranks busy", false, 5, 8, 20, 1},
-		{"a rate known", true, 0, 2, 200, 1},
+		{"a cold pool", 8, false, 0, 8, 20, 4},
+		{"three ranks busy", 8, false, 3, 8, 20, 2},
+		{"four ranks busy", 8, false, 4, 8, 20, 2},
+		{"five ranks busy", 8, false, 5, 8, 20, 1},
+		{"a cold pool of sixteen", 16, false, 0, 8, 20, 4},
+		{"a rate known", 8, true, 0, 2, 200, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
-				h := startHost(t, vm, cfg)
+				h := startHost(t, vm, fmt.Sprintf(cfg, tc.ranks))
 				rng := rand.New(rand.NewSource(47))
 				doc := prose(rng, 32000)
 				var open []uint32

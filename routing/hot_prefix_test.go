@@ -327,16 +327,17 @@ func TestACopyIsChargedForWhatItsTargetDrawsBeyondItsShare(t *testing.T) {
 // with other prompts' prefill. Each finds the document's holders still computing it
 // and copies it onto an idle target while its holders stay at most half of the
 // targets the other prompts leave: four in an idle pool, two with three or four
-// targets busy, and none but the first with five.
+// targets busy, and none but the first with five. In a pool of sixteen the room is
+// that of the eight places a prefix may have: four holders again, two with four busy.
 func TestAColdPrefixIsCopiedOntoHalfTheTargetsLeftIdle(t *testing.T) {
 	for _, c := range []struct {
-		busy, holders int
-	}{{0, 4}, {3, 2}, {4, 2}, {5, 1}} {
-		t.Run(fmt.Sprintf("%d busy", c.busy), func(t *testing.T) {
+		targets, busy, holders int
+	}{{8, 0, 4}, {8, 3, 2}, {8, 4, 2}, {8, 5, 1}, {16, 0, 4}, {16, 4, 2}} {
+		t.Run(fmt.Sprintf("%d of %d busy", c.busy, c.targets), func(t *testing.T) {
 			rng := rand.New(rand.NewSource(35))
 			clock := &fakeClock{ms: 1e6}
 			cfg := testConfig(t, `,"balance":{"fair_share_multiplier":100}`)
-			cfg.Pools.Decode.Endpoints = []config.Endpoint{{Address: "10.0.0.1:8000", DPSize: 8}}
+			cfg.Pools.Decode.Endpoints = []config.Endpoint{{Address: "10.0.0.1:8000", DPSize: c.targets}}
 			r := NewRouter(cfg, state.NewMemoryStore(), clock.now)
 			others := map[uint64]bool{}
 			for _, tg := range r.DecodeTargets()[:c.busy] {

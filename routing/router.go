@@ -1206,8 +1206,8 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 
 // coldCopyFits reports whether a pool that has returned no first chunk yet (no rate)
 // has room for a further copy of a prefix of prefixTokens held by found: with it, the
-// prefix's holders would be at most half of the eligible targets that other prompts'
-// queued prefill leaves it. Until a first chunk comes back, every prompt sent is
+// prefix's holders would be at most half of the eligible targets, up to as many as a
+// prefix may have (maxCopies), that other prompts' queued prefill leaves it. Until a first chunk comes back, every prompt sent is
 // still queued, the prefix's first computation too, so a request for it waits about
 // as long on a holder as on a copy, while a copy made later, once the holders have
 // drained, costs its request the whole prefix; and no demand can be timed yet. Nor is
@@ -1241,7 +1241,9 @@ func coldCopyFits(v *poolView, found []prefix.PrefixMatch, prefixTokens int64) b
 			busy++
 		}
 	}
-	room := len(v.eligible) - (busy - holders)
+	// A copy goes only to the places copyPlaces allows: in a pool of more targets the
+	// room is theirs, not the pool's.
+	room := min(len(v.eligible), maxCopies(len(v.eligible))) - (busy - holders)
 	return 2*(holders+1) <= room
 }
 
