@@ -1207,9 +1207,9 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 // coldCopyFits reports whether a pool that has returned no first chunk yet (no rate)
 // has room for a further copy of a prefix of prefixTokens held by found: with it, the
 // prefix's holders would be at most half of the eligible targets, up to as many as a
-// prefix may have (maxCopies), that other prompts' queued prefill leaves it. Until a first chunk comes back, every prompt sent is
-// still queued, the prefix's first computation too, so a request for it waits about
-// as long on a holder as on a copy, while a copy made later, once the holders have
+// prefix may have (maxCopies), that other prompts' queued prefill leaves it. Until a
+// first chunk comes back, every prompt sent is still queued, the prefix's first
+// computation too, so a request for it waits about as long on a holder as on a copy, while a copy made later, once the holders have
 // drained, costs its request the whole prefix; and no demand can be timed yet. Nor is
 // it known yet how fast each target computes or how many requests it runs at once:
 // the requests that queue behind one first computation all start when it ends, and a
