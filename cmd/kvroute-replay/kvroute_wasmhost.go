@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/kvroute/kvroute/internal/emulatorext"
 	"github.com/kvroute/kvroute/internal/hostcompat"
@@ -93,12 +94,40 @@ func (p *kvrouteWasm) clockNS() uint64 {
 	return replayEpochNS + uint64(p.fleet.Now()*1e6)
 }
 
+// guestLog, when not nil, receives what the module writes to stdout and stderr, a
+// line at a time (-guest-log): the println of a debug build shows inside a decision.
+var guestLog io.Writer
+
+// guestLogMu keeps the lines of modules replayed at once whole.
+var guestLogMu sync.Mutex
+
+// guestLines joins one module's writes into lines for w. The Go runtime writes each
+// of println's arguments, and its newline, apart, and the host hands each write over
+// without a trailing newline: a write of nothing but one ends a line.
+func guestLines(w io.Writer) func(level int, msg string) {
+	var line []byte
+	return func(_ int, msg string) {
+		if msg != "" {
+			line = append(line, msg...)
+			return
+		}
+		line = append(line, '\n')
+		guestLogMu.Lock()
+		_, _ = w.Write(line)
+		guestLogMu.Unlock()
+		line = line[:0]
+	}
+}
+
 // newKVRouteWasm loads the compiled filter and starts it with config.
 func newKVRouteWasm(wasm []byte, config []byte, cfg FleetConfig) (*kvrouteWasm, error) {
 	p := &kvrouteWasm{targets: map[string]int{}, context: map[int]uint32{}}
 	// The guest reads the replay's clock, as a filter in Envoy reads the wall clock:
 	// what it times (prefills, leases, scrape and poll intervals) runs in replay time.
 	wasi := &hostcompat.WASI{Now: p.clockNS}
+	if guestLog != nil {
+		wasi.Log = guestLines(guestLog)
+	}
 	vm, err := emulatorext.NewWasmVMContextWithWASI(wasm, wasi.Instantiate)
 	if err != nil {
 		return nil, fmt.Errorf("loading the wasm module: %v", err)

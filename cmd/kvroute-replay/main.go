@@ -93,6 +93,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the baselines' random tie-breaks and of the spread over -replicas")
 	fs.StringVar(&o.idSalt, "id-salt", "", "put this into the x-request-id kvroute sees (replay-<salt>-<n> instead of replay-<n>): it seeds kvroute's tie-break shuffle, so other values show how much one run owes to ties")
 	fs.BoolVar(&o.strict, "strict", false, "exit 1 when kvroute misses a line of the routing-quality bar")
+	guestLogs := fs.Bool("guest-log", false, "copy what the module writes to stdout and stderr (a debug build's println) to stderr, a line at a time")
 	fs.IntVar(&o.replicas, "replicas", 0, "also replay kvroute as this many gateway replicas, each request to one at random (0: off)")
 	fs.StringVar(&o.replicaConfigs, "replica-configs", "all", "with -replicas, comma-separated: round_robin, hash, round_robin+metrics, hash+metrics (first_turn, engine metrics), or all")
 	scale := fs.String("scale", "", "replay a fleet that scales instead, e.g. \"start=4,at=50%:+4\" (at= a share of the replay, 600s or ms; :+M joins M endpoints, :-M removes the newest M): kvroute discovers it, compared with kvroute told at once, kvroute static and the baselines; -endpoints is ignored")
@@ -100,6 +101,9 @@ func parseFlags(args []string) (*options, error) {
 	scaleWindow := fs.Float64("scale-window", 60, "with -scale, the span after the first step reported apart, seconds of replay time")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if *guestLogs {
+		guestLog = os.Stderr
 	}
 	if *scale != "" {
 		sp, err := parseScale(*scale)
