@@ -492,3 +492,59 @@ func TestACopyGoesToAFasterTargetDrawingItsShareInFilter(t *testing.T) {
 		assert.Equal(t, "load", decision)
 	})
 }
+
+func TestAPrefixWhoseQuestionsComeFasterThanItsHoldersSlotsFreeIsCopied(t *testing.T) {
+	// As TestAPrefixWhoseHoldersSlotBacklogOutlastsACopyIsCopied, with a document of
+	// 60 000 tokens computed in four seconds and replies that decoded for one: rank
+	// 1's slots free about four a second, and at what it was sent over the last
+	// minute its backlog would clear before a copy of the document is made elsewhere.
+	// Then questions on the document come twenty a second, each to rank 1, whose
+	// backlog grows. Once half its slots' worth of requests wait there (the seventh
+	// question), the questions of the last second say it is sent faster than its
+	// slots free, and the next question makes a copy; a shorter backlog waits for
+	// the slots, whatever the pace of the questions.
+	for _, tc := range []struct {
+		questions int
+		copyAt    int // the question sent elsewhere (-1: none)
+	}{{8, 6}, {6, -1}} {
+		t.Run(fmt.Sprint(tc.questions), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, trustedRanks)
+				rng := rand.New(rand.NewSource(37))
+				doc := prose(rng, 240000)
+				computeOn(t, h, doc+prose(rng, 400), "1", 4000)
+				h.advance(10000)
+				for i := 0; i < 1000; i++ {
+					id, _ := h.send(post("/v1/chat/completions", chat("hi"), [2]string{"x-data-parallel-rank", fmt.Sprint(i % 2 * 2)}))
+					h.respond(id, 200)
+				}
+				held, others := fillRank1(h, rng)
+				var decoded []uint32
+				for i := 0; i < 8; i++ {
+					decoded = append(decoded, decodingOn(h, prose(rng, 100), fmt.Sprint(i%2*2)))
+				}
+				h.advance(1000)
+				for _, id := range decoded {
+					h.endStream(id)
+				}
+				// A request decided while rank 1 is out of slots records the sighting.
+				h.route(post("/v1/chat/completions", chat(prose(rng, 100))))
+				copyAt := -1
+				var open []uint32
+				for i := 0; i < tc.questions; i++ {
+					h.advance(50)
+					id, rank, decision := routed(h, doc+prose(rng, 400))
+					open = append(open, id)
+					if rank != "1" && copyAt < 0 {
+						copyAt = i
+						assert.Equal(t, "load", decision, "question %d makes a copy", i)
+					}
+				}
+				assert.Equal(t, tc.copyAt, copyAt)
+				for _, id := range append(append(held, others...), open...) {
+					h.endStream(id)
+				}
+			})
+		})
+	}
+}

@@ -1185,7 +1185,10 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 	if rms > 0 {
 		rate = float64(rtok) / float64(rms)
 	}
-	if holdersBacklogged(v, pr, found, int64(shared), rate) {
+	// The prefix's requests a ms of late, counted in requests of this one's own
+	// tokens: what its holders are sent now.
+	arriving := float64(demand) / float64((own+bt-1)/bt) / float64(max(span, minDemandSpanMS))
+	if holdersBacklogged(v, pr, found, int64(shared), rate, arriving) {
 		v.copyTokens, v.copyNow = shared, true
 		return true
 	}
@@ -1303,12 +1306,13 @@ func (v *poolView) meanStay() float64 {
 // slots (the count seen) with more requests waiting for one than its slots free
 // before a copy of the prefix could be made elsewhere. Its slots free as requests
 // end: the count seen over the pool's recent decode stay (meanStay) a ms, less the
-// requests the holder is sent a ms (its recent sends over their window), which take
-// the slots as they free. A copy takes the prefix's tokens and what waits least
-// ahead of them on an eligible target without the prefix, at the holders' rate. The
-// backlog then outlasts a copy, and the copy serves the prefix's requests from then
-// on; a new copy, far from its slots, calls for no other.
-func holdersBacklogged(v *poolView, pr *prompt, found []prefix.PrefixMatch, prefixTokens int64, rate float64) bool {
+// requests the holder is sent a ms (its recent sends over their window, or its share
+// of the prefix's arriving a ms), which take the slots as they free. A copy takes the
+// prefix's tokens and what waits least ahead of them on an eligible target without
+// the prefix, at the holders' rate. The backlog then outlasts a copy, and the copy
+// serves the prefix's requests from then on; a new copy, far from its slots, calls
+// for no other.
+func holdersBacklogged(v *poolView, pr *prompt, found []prefix.PrefixMatch, prefixTokens int64, rate, arriving float64) bool {
 	if v.slotsSeen <= 0 || v.total.RecentSent <= 0 || rate <= 0 {
 		return false
 	}
@@ -1334,7 +1338,15 @@ func holdersBacklogged(v *poolView, pr *prompt, found []prefix.PrefixMatch, pref
 		if backlog <= 0 {
 			return false
 		}
-		if spare := frees - float64(v.loads[i].RecentSent)/countUnit/window; spare > 0 && float64(backlog) <= spare*copyMS {
+		// Sends over the last minute or so understate a new prefix's: a backlog of
+		// half the slots or more is taken to be sent at least its share of the
+		// prefix's requests now. A shorter one clears within a fraction of a stay,
+		// and a burst's first seconds would make copies done only as it ends.
+		sent := float64(v.loads[i].RecentSent) / countUnit / window
+		if 2*backlog >= v.slotsSeen {
+			sent = max(sent, arriving/float64(len(found)))
+		}
+		if spare := frees - sent; spare > 0 && float64(backlog) <= spare*copyMS {
 			return false
 		}
 	}
