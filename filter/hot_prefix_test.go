@@ -330,21 +330,7 @@ func TestAPrefixWhoseHoldersSlotBacklogOutlastsACopyIsCopied(t *testing.T) {
 				doc := prose(rng, 40000)
 				computeChatOn(h, doc+prose(rng, 400), "1", 500)
 				h.advance(10000)
-				for i := 0; i < 1000; i++ {
-					id, _ := h.send(post("/v1/chat/completions", chat("hi"), [2]string{"x-data-parallel-rank", fmt.Sprint(i % 2 * 2)}))
-					h.respond(id, 200)
-				}
-				held, others := fillRank1(h, rng)
-				var decoded []uint32
-				for i := 0; i < tc.ended; i++ {
-					decoded = append(decoded, decodingOn(h, prose(rng, 100), fmt.Sprint(i%2*2)))
-				}
-				h.advance(tc.stayMS)
-				for _, id := range decoded {
-					h.endStream(id)
-				}
-				// A request decided while rank 1 is out of slots records the sighting.
-				h.route(post("/v1/chat/completions", chat(prose(rng, 100))))
+				held, others := backlogRank1(h, rng, tc.ended, tc.stayMS)
 				_, rank, decision := h.route(post("/v1/chat/completions", chat(doc+prose(rng, 400))))
 				assert.Equal(t, tc.holder, rank == "1", "rank %s, %s", rank, decision)
 				for _, id := range append(held, others...) {
@@ -493,6 +479,29 @@ func TestACopyGoesToAFasterTargetDrawingItsShareInFilter(t *testing.T) {
 	})
 }
 
+// backlogRank1 runs rank 1 out of its slots (fillRank1) in a pool whose requests are
+// short-lived on the whole: first a thousand requests on ranks 0 and 2 whose replies
+// were not streamed (their decode time unknown, they count no stay), then ended
+// replies that decode there for stayMS, and last a request decided while rank 1 is
+// out of slots, which records the sighting. It returns fillRank1's open streams.
+func backlogRank1(h *host, rng *rand.Rand, ended, stayMS int) (held, others []uint32) {
+	for i := 0; i < 1000; i++ {
+		id, _ := h.send(post("/v1/chat/completions", chat("hi"), [2]string{"x-data-parallel-rank", fmt.Sprint(i % 2 * 2)}))
+		h.respond(id, 200)
+	}
+	held, others = fillRank1(h, rng)
+	var decoded []uint32
+	for i := 0; i < ended; i++ {
+		decoded = append(decoded, decodingOn(h, prose(rng, 100), fmt.Sprint(i%2*2)))
+	}
+	h.advance(stayMS)
+	for _, id := range decoded {
+		h.endStream(id)
+	}
+	h.route(post("/v1/chat/completions", chat(prose(rng, 100))))
+	return held, others
+}
+
 func TestAPrefixWhoseQuestionsComeFasterThanItsHoldersSlotsFreeIsCopied(t *testing.T) {
 	// As TestAPrefixWhoseHoldersSlotBacklogOutlastsACopyIsCopied, with a document of
 	// 60 000 tokens computed in four seconds and replies that decoded for one: rank
@@ -514,21 +523,7 @@ func TestAPrefixWhoseQuestionsComeFasterThanItsHoldersSlotsFreeIsCopied(t *testi
 				doc := prose(rng, 240000)
 				computeOn(t, h, doc+prose(rng, 400), "1", 4000)
 				h.advance(10000)
-				for i := 0; i < 1000; i++ {
-					id, _ := h.send(post("/v1/chat/completions", chat("hi"), [2]string{"x-data-parallel-rank", fmt.Sprint(i % 2 * 2)}))
-					h.respond(id, 200)
-				}
-				held, others := fillRank1(h, rng)
-				var decoded []uint32
-				for i := 0; i < 8; i++ {
-					decoded = append(decoded, decodingOn(h, prose(rng, 100), fmt.Sprint(i%2*2)))
-				}
-				h.advance(1000)
-				for _, id := range decoded {
-					h.endStream(id)
-				}
-				// A request decided while rank 1 is out of slots records the sighting.
-				h.route(post("/v1/chat/completions", chat(prose(rng, 100))))
+				held, others := backlogRank1(h, rng, 8, 1000)
 				copyAt := -1
 				var open []uint32
 				for i := 0; i < tc.questions; i++ {
