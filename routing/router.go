@@ -644,32 +644,32 @@ func (r *Router) loadOf(l Load) int64 {
 	return l.Requests
 }
 
-// cheapest applies the cost (docs/behaviour.md, The cost) with matched tokens per target index (nil: no match
-// anywhere). The cost estimates, in prefill tokens (time at the pool's prefill
-// rate), how long the request would wait for its first token on a target:
+// cheapest applies the cost (docs/behaviour.md, The cost) with matched tokens per
+// target index (nil: no match anywhere). The cost estimates, in prefill tokens (time
+// at the pool's prefill rate), how long the request would wait for its first token
+// on a target:
 //
 //	cost(t) = pace(t) × (prefill_ahead(t) + (6 + prefills(t)) × (request_tokens − matched(t)))
 //	        + slot_wait(t)
 //	        + load_weight × active_tokens(t) / max(total_active_tokens, request_tokens) × request_tokens
 //
-// pace(t) is the time t takes over a prefill token against the pool's
-// (requestPace): on engines of mixed speeds a prompt goes where its prefill ends
-// soonest.
+// pace(t) is the time t takes over a prefill token against the pool's (requestPace):
+// on engines of mixed speeds a prompt goes where its prefill ends soonest.
 // prefill_ahead(t) is what is estimated left of the uncached tokens of the requests
 // sent to t whose first response chunk has not come back (Load.PrefillAhead): their
 // prefill is queued or running, ahead of this one. slot_wait(t) is the wait for a
-// running slot on a target at the slot count seen (poolView.slotCharge). request_tokens − matched(t) is
-// this request's own prefill there, weighted by ownWeight plus prefills(t), the
-// number of those requests: an engine batches the prefills it holds into the same
-// steps, so each of them is delayed by the tokens this one computes (in an engine
-// that prefills one prompt at a time the term still pays: long prompts keep off the
-// targets where many short ones queue, so the short ones that follow there do not
-// wait behind them). The last term is the decode
-// load, which slows a prefill sharing the engine with it and holds the KV memory new
-// requests need. While the request's prefix is in demand (copiesNeeded), a target
-// without it counts the prefix's tokens once instead of (6 + prefills(t)) times.
-// Ties go to fewer active tokens, then to a
-// shuffle seeded by the request identity, so every VM and replica picks alike.
+// running slot on a target at the slot count seen (poolView.slotCharge).
+// request_tokens − matched(t) is this request's own prefill there, weighted by
+// ownWeight plus prefills(t), the number of those requests: an engine batches the
+// prefills it holds into the same steps, so each of them is delayed by the tokens this
+// one computes (in an engine that prefills one prompt at a time the term still pays:
+// long prompts keep off the targets where many short ones queue, so the short ones
+// that follow there do not wait behind them). The last term is the decode load, which
+// slows a prefill sharing the engine with it and holds the KV memory new requests
+// need. While the request's prefix is in demand (copiesNeeded), a target without it
+// counts the prefix's tokens once instead of (6 + prefills(t)) times. Ties go to fewer
+// active tokens, then to a shuffle seeded by the request identity, so every VM and
+// replica picks alike.
 func (r *Router) cheapest(v *poolView, cands []int, req *extract.Request, matched []int) int {
 	return r.cheapestFrom(v, cands, req, matched, -1, 0, 0)
 }
@@ -1212,15 +1212,16 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 // prefix's holders would be at most half of the eligible targets, up to as many as a
 // prefix may have (maxCopies), that other prompts' queued prefill leaves it. Until a
 // first chunk comes back, every prompt sent is still queued, the prefix's first
-// computation too, so a request for it waits about as long on a holder as on a copy, while a copy made later, once the holders have
-// drained, costs its request the whole prefix; and no demand can be timed yet. Nor is
-// it known yet how fast each target computes or how many requests it runs at once:
-// the requests that queue behind one first computation all start when it ends, and a
-// target slower than the rest, or one with fewer running slots than they are, keeps
-// them all waiting. Spread over several holders they wait on whichever is done first,
-// a few on each. But the pool's first seconds also bring other prompts' first
-// computations, which want idle targets: each prefix takes at most half of what the
-// others leave, and the rest stays idle for prompts to come.
+// computation too, so a request for it waits about as long on a holder as on a copy,
+// while a copy made later, once the holders have drained, costs its request the whole
+// prefix; and no demand can be timed yet. Nor is it known yet how fast each target
+// computes or how many requests it runs at once: the requests that queue behind one
+// first computation all start when it ends, and a target slower than the rest, or one
+// with fewer running slots than they are, keeps them all waiting. Spread over several
+// holders they wait on whichever is done first, a few on each. But the pool's first
+// seconds also bring other prompts' first computations, which want idle targets: each
+// prefix takes at most half of what the others leave, and the rest stays idle for
+// prompts to come.
 func coldCopyFits(v *poolView, found []prefix.PrefixMatch, prefixTokens int64) bool {
 	// A holder's queue is at least the prefix while it computes it (holdersQueued
 	// asks more): the cheap test first, as it fails on nearly every request.
