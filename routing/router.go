@@ -1161,7 +1161,8 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 	if own <= 0 {
 		return false
 	}
-	demand, span := pr.search.Demand(v.nowMS, (own+bt-1)/bt)
+	ownBlocks := (own + bt - 1) / bt
+	demand, span := pr.search.Demand(v.nowMS, ownBlocks)
 	if v.rate <= 0 {
 		// A prefill pool never shows a rate (its first chunks come back on the decode
 		// legs): its placement is left to the cost.
@@ -1185,10 +1186,10 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 	if rms > 0 {
 		rate = float64(rtok) / float64(rms)
 	}
-	// The prefix's requests a ms of late, counted in requests of this one's own
-	// tokens: what its holders are sent now.
-	arriving := float64(demand) / float64((own+bt-1)/bt) / float64(max(span, minDemandSpanMS))
-	if holdersBacklogged(v, pr, found, int64(shared), rate, arriving) {
+	// The tokens of their own the prefix's requests bring a ms of late; in requests
+	// of this one's own blocks, what its holders are sent now.
+	perMS := float64(demand*bt) / float64(max(span, minDemandSpanMS))
+	if holdersBacklogged(v, pr, found, int64(shared), rate, perMS/float64(ownBlocks*bt)) {
 		v.copyTokens, v.copyNow = shared, true
 		return true
 	}
@@ -1198,7 +1199,6 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 	if float64(shared)/rate > 2*prefix.HeatWindowMS {
 		return false
 	}
-	perMS := float64(demand*bt) / float64(max(span, minDemandSpanMS))
 	if perMS/rate <= copyLoad*float64(len(found)) && !holdersStalled(v, found) &&
 		!holdersQueued(v, pr, int64(shared), bt) {
 		return false
