@@ -543,3 +543,83 @@ func TestAPrefixWhoseQuestionsComeFasterThanItsHoldersSlotsFreeIsCopied(t *testi
 		})
 	}
 }
+
+func TestANewHolderStillComputingTheDocumentKeepsNoQuestionFromHoldersAtTheirSlots(t *testing.T) {
+	// A document of 60 000 tokens computed on rank 1 in four seconds; rank 1 is then
+	// out of running slots with two requests waiting for one (backlogRank1: replies
+	// decode for a second, so a slot frees about every 60 ms). Rank 0's replies end
+	// and a copy of the document is sent there. A question on the document finds two
+	// holders: rank 0, whose queue (the copy) is worth less than the document it
+	// caches, and rank 1, at its slots. While the copy's four seconds of prefill are
+	// still ahead, the question waits for one of rank 1's slots instead; once the
+	// copy's first chunk is back, it goes to rank 0.
+	for _, tc := range []struct {
+		copyDone bool
+		rank     string
+	}{{false, "1"}, {true, "0"}} {
+		t.Run(fmt.Sprint("copy done ", tc.copyDone), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, trustedRanks)
+				rng := rand.New(rand.NewSource(41))
+				doc := prose(rng, 240000)
+				computeOn(t, h, doc+prose(rng, 400), "1", 4000)
+				h.advance(10000)
+				held, others := backlogRank1(h, rng, 8, 1000)
+				var open []uint32
+				for i, id := range others {
+					if i%2 == 0 { // rank 0's
+						h.endStream(id)
+					} else {
+						open = append(open, id)
+					}
+				}
+				copied := openOn(t, h, doc+prose(rng, 400), "0", false)
+				h.advance(10)
+				if tc.copyDone {
+					h.firstChunk(copied)
+				}
+				id, rank, decision := routed(h, doc+prose(rng, 400))
+				assert.Equal(t, tc.rank, rank, "decided %s", decision)
+				assert.Equal(t, "continuation", decision)
+				for _, id := range append(append(append(held, open...), copied), id) {
+					h.endStream(id)
+				}
+			})
+		})
+	}
+}
+
+func TestANewHolderStillComputingTheDocumentKeepsNoQuestionFromHoldersAtTheCap(t *testing.T) {
+	// As above, with rank 1 at the fair-share cap instead of its slots: ten replies
+	// decode there (the cap is 8 with eleven requests in flight on three ranks).
+	// While the copy on rank 0 is still computed, the question goes to rank 1 all the
+	// same, charged for the cap; once the copy's first chunk is back, to rank 0.
+	for _, tc := range []struct {
+		copyDone bool
+		rank     string
+	}{{false, "1"}, {true, "0"}} {
+		t.Run(fmt.Sprint("copy done ", tc.copyDone), func(t *testing.T) {
+			bothVMs(t, func(t *testing.T, vm types.VMContext) {
+				h := startHost(t, vm, trustedRanks)
+				rng := rand.New(rand.NewSource(43))
+				doc := prose(rng, 240000)
+				computeOn(t, h, doc+prose(rng, 400), "1", 4000)
+				var open []uint32
+				for i := 0; i < 10; i++ {
+					open = append(open, decodingOn(h, prose(rng, 400), "1"))
+				}
+				copied := openOn(t, h, doc+prose(rng, 400), "0", false)
+				h.advance(10)
+				if tc.copyDone {
+					h.firstChunk(copied)
+				}
+				id, rank, decision := routed(h, doc+prose(rng, 400))
+				assert.Equal(t, tc.rank, rank, "decided %s", decision)
+				assert.Equal(t, "continuation", decision)
+				for _, id := range append(append(open, copied), id) {
+					h.endStream(id)
+				}
+			})
+		})
+	}
+}
