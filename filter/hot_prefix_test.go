@@ -544,15 +544,13 @@ func TestAPrefixWhoseQuestionsComeFasterThanItsHoldersSlotsFreeIsCopied(t *testi
 	}
 }
 
-func TestANewHolderStillComputingTheDocumentKeepsNoQuestionFromHoldersAtTheirSlots(t *testing.T) {
-	// A document of 60 000 tokens computed on rank 1 in four seconds; rank 1 is then
-	// out of running slots with two requests waiting for one (backlogRank1: replies
-	// decode for a second, so a slot frees about every 60 ms). Rank 0's replies end
-	// and a copy of the document is sent there. A question on the document finds two
-	// holders: rank 0, whose queue (the copy) is worth less than the document it
-	// caches, and rank 1, at its slots. While the copy's four seconds of prefill are
-	// still ahead, the question waits for one of rank 1's slots instead; once the
-	// copy's first chunk is back, it goes to rank 0.
+// whileACopyIsComputed runs a case with a copy of a document still computed and one
+// with the copy done. Each starts a pool of three trusted ranks, computes a document
+// of 60 000 tokens on rank 1 in four seconds, runs busy (its streams left open,
+// rank 0 free), sends a copy of the document to rank 0 and, 10 ms later (the copy's
+// first chunk back or not), a question on it: the question is a continuation on
+// rank 1 while the copy is computed, on rank 0 once it is done.
+func whileACopyIsComputed(t *testing.T, seed int64, busy func(h *host, rng *rand.Rand) (open []uint32)) {
 	for _, tc := range []struct {
 		copyDone bool
 		rank     string
@@ -560,54 +558,10 @@ func TestANewHolderStillComputingTheDocumentKeepsNoQuestionFromHoldersAtTheirSlo
 		t.Run(fmt.Sprint("copy done ", tc.copyDone), func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
 				h := startHost(t, vm, trustedRanks)
-				rng := rand.New(rand.NewSource(41))
+				rng := rand.New(rand.NewSource(seed))
 				doc := prose(rng, 240000)
 				computeOn(t, h, doc+prose(rng, 400), "1", 4000)
-				h.advance(10000)
-				held, others := backlogRank1(h, rng, 8, 1000)
-				var open []uint32
-				for i, id := range others {
-					if i%2 == 0 { // rank 0's
-						h.endStream(id)
-					} else {
-						open = append(open, id)
-					}
-				}
-				copied := openOn(t, h, doc+prose(rng, 400), "0", false)
-				h.advance(10)
-				if tc.copyDone {
-					h.firstChunk(copied)
-				}
-				id, rank, decision := routed(h, doc+prose(rng, 400))
-				assert.Equal(t, tc.rank, rank, "decided %s", decision)
-				assert.Equal(t, "continuation", decision)
-				for _, id := range append(append(append(held, open...), copied), id) {
-					h.endStream(id)
-				}
-			})
-		})
-	}
-}
-
-func TestANewHolderStillComputingTheDocumentKeepsNoQuestionFromHoldersAtTheCap(t *testing.T) {
-	// As above, with rank 1 at the fair-share cap instead of its slots: ten replies
-	// decode there (the cap is 8 with eleven requests in flight on three ranks).
-	// While the copy on rank 0 is still computed, the question goes to rank 1 all the
-	// same, charged for the cap; once the copy's first chunk is back, to rank 0.
-	for _, tc := range []struct {
-		copyDone bool
-		rank     string
-	}{{false, "1"}, {true, "0"}} {
-		t.Run(fmt.Sprint("copy done ", tc.copyDone), func(t *testing.T) {
-			bothVMs(t, func(t *testing.T, vm types.VMContext) {
-				h := startHost(t, vm, trustedRanks)
-				rng := rand.New(rand.NewSource(43))
-				doc := prose(rng, 240000)
-				computeOn(t, h, doc+prose(rng, 400), "1", 4000)
-				var open []uint32
-				for i := 0; i < 10; i++ {
-					open = append(open, decodingOn(h, prose(rng, 400), "1"))
-				}
+				open := busy(h, rng)
 				copied := openOn(t, h, doc+prose(rng, 400), "0", false)
 				h.advance(10)
 				if tc.copyDone {
@@ -622,4 +576,38 @@ func TestANewHolderStillComputingTheDocumentKeepsNoQuestionFromHoldersAtTheCap(t
 			})
 		})
 	}
+}
+
+func TestANewHolderStillComputingTheDocumentKeepsNoQuestionFromHoldersAtTheirSlots(t *testing.T) {
+	// Rank 1 is out of running slots with two requests waiting for one
+	// (backlogRank1: replies decode for a second, so a slot frees about every 60
+	// ms), and rank 0's replies end. The question finds two holders: rank 0, whose
+	// queue (the copy) is worth less than the document it caches, and rank 1, at its
+	// slots. While the copy's four seconds of prefill are still ahead, the question
+	// waits for one of rank 1's slots instead.
+	whileACopyIsComputed(t, 41, func(h *host, rng *rand.Rand) (open []uint32) {
+		h.advance(10000)
+		held, others := backlogRank1(h, rng, 8, 1000)
+		for i, id := range others {
+			if i%2 == 0 { // rank 0's
+				h.endStream(id)
+			} else {
+				open = append(open, id)
+			}
+		}
+		return append(open, held...)
+	})
+}
+
+func TestANewHolderStillComputingTheDocumentKeepsNoQuestionFromHoldersAtTheCap(t *testing.T) {
+	// As above, with rank 1 at the fair-share cap instead of its slots: ten replies
+	// decode there (the cap is 8 with eleven requests in flight on three ranks).
+	// While the copy on rank 0 is still computed, the question goes to rank 1 all the
+	// same, charged for the cap.
+	whileACopyIsComputed(t, 43, func(h *host, rng *rand.Rand) (open []uint32) {
+		for i := 0; i < 10; i++ {
+			open = append(open, decodingOn(h, prose(rng, 400), "1"))
+		}
+		return open
+	})
 }
