@@ -1059,8 +1059,8 @@ func (r *Router) matchedTokens(v *poolView, req *extract.Request, pr *prompt, ca
 // placeByPrefix places a request without an explicit id: implicit continuation, else
 // the gated cost (pure load when nothing matched). A holder keeps a continuation outright
 // when it is under the fair-share cap and what is queued there is no more than its
-// cache is worth (queueFits), unless a holder as deep that keeps none outright costs
-// less (outranked); otherwise it keeps it only if it is still the cheapest
+// cache is worth (queueFits), or goes to a holder as deep that keeps none outright
+// where that costs less (cheapestHolder); otherwise it keeps it only if it is still the cheapest
 // of the candidates and itself, its cost charged overCap: a prefix many requests share
 // at once (a burst) is copied to other targets once its holder reaches the cap with
 // them, instead of filling the running slots of one engine.
@@ -1086,9 +1086,8 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 		// The deepest checkpoint's holders include those that hold the prompt a little
 		// further, to its last turn's end (PrefixSearch.Next): one of them left out at
 		// the cap is weighed below, with what its cache saves.
-		if i := r.continuation(v, req, pr, cands, true); i >= 0 && pr.matched[i] >= deepestAtCap(v, pr) &&
-			!r.outranked(v, req, pr, i) {
-			return i, KindContinuation
+		if i := r.continuation(v, req, pr, cands, true); i >= 0 && pr.matched[i] >= deepestAtCap(v, pr) {
+			return r.cheapestHolder(v, req, pr, i), KindContinuation
 		}
 		r.lookup(v, pr)
 	}
@@ -1097,9 +1096,8 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 	// deeper holder past the cap or with a longer queue is weighed below, with what
 	// its cache saves.
 	if !copying {
-		if i := r.continuation(v, req, pr, cands, true); i >= 0 && (h < 0 || pr.matched[i] >= pr.matched[h]) &&
-			!r.outranked(v, req, pr, i) {
-			return i, KindContinuation
+		if i := r.continuation(v, req, pr, cands, true); i >= 0 && (h < 0 || pr.matched[i] >= pr.matched[h]) {
+			return r.cheapestHolder(v, req, pr, i), KindContinuation
 		}
 	}
 	if h >= 0 {
@@ -1123,25 +1121,26 @@ func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (i
 	return i, KindLoad
 }
 
-// outranked reports whether a holder as deep as i that keeps no request outright,
-// at its running slots or at the cap, costs less than i, charged overCap at the cap:
-// then i, whose queue fits, does not keep the request outright either, and the cost
-// decides between them. A new holder's queue fits while it computes the prefix, as
-// long as that takes, where the holders before it are only waiting for slots.
-func (r *Router) outranked(v *poolView, req *extract.Request, pr *prompt, i int) bool {
+// cheapestHolder is i, a holder whose queue fits, or the cheapest of the holders as
+// deep that keep no request outright, at the slot count seen or at the cap (charged
+// overCap), where that costs less than i. A new holder's queue fits while it computes
+// the prefix, as long as that takes, where the holders before it are only waiting for
+// slots: without them, it would take every request on the prefix meanwhile.
+func (r *Router) cheapestHolder(v *poolView, req *extract.Request, pr *prompt, i int) int {
 	if v.ahead[i] == 0 || v.slotsSeen <= 0 && v.busiest < v.cap {
-		return false
+		return i
 	}
+	best := i
 	for _, h := range v.eligible {
-		if h == i || pr.matched[h] != pr.matched[i] || !v.atSlots(h) && !v.atCap(h) {
+		if h == best || pr.matched[h] != pr.matched[i] || !v.atSlots(h) && !v.atCap(h) {
 			continue
 		}
-		pair := [2]int{i, h}
+		pair := [2]int{best, h}
 		if r.cheapestFrom(v, pair[:], req, r.matchedTokens(v, req, pr, pair[:]), h, float64(v.overCap(h)), 0) == h {
-			return true
+			best = h
 		}
 	}
-	return false
+	return best
 }
 
 // deepestAtCap is the most blocks of the request's prompt found on an eligible target
