@@ -1057,13 +1057,13 @@ func (r *Router) matchedTokens(v *poolView, req *extract.Request, pr *prompt, ca
 }
 
 // placeByPrefix places a request without an explicit id: implicit continuation, else
-// the gated cost (pure load when nothing matched). A holder keeps a continuation outright
-// when it is under the fair-share cap and what is queued there is no more than its
-// cache is worth (queueFits), or goes to a holder as deep that keeps none outright
-// where that costs less (cheapestHolder); otherwise it keeps it only if it is still the cheapest
-// of the candidates and itself, its cost charged overCap: a prefix many requests share
-// at once (a burst) is copied to other targets once its holder reaches the cap with
-// them, instead of filling the running slots of one engine.
+// the gated cost (pure load when nothing matched). A holder keeps a continuation
+// outright when it is under the fair-share cap and what is queued there is no more
+// than its cache is worth (queueFits), unless a holder as deep that keeps none
+// outright costs less (cheapestHolder); otherwise it keeps it only if it is still the
+// cheapest of the candidates and itself, its cost charged overCap: a prefix many
+// requests share at once (a burst) is copied to other targets once its holder reaches
+// the cap with them, instead of filling the running slots of one engine.
 func (r *Router) placeByPrefix(v *poolView, req *extract.Request, pr *prompt) (int, Kind) {
 	cands, capped := v.candidates()
 	if capped {
