@@ -346,11 +346,13 @@ func TestAPrefixWhoseHoldersSlotBacklogOutlastsACopyIsCopied(t *testing.T) {
 // document (8000 tokens, 1000 of their own, 20 ms apart) are sent and left in
 // prefill. No first chunk has come back anywhere: each finds the document's holders
 // still computing it, and copies it onto an idle rank while its holders stay at most
-// half of the ranks the other documents leave: four of eight, two with three or four
-// ranks busy, none but the first with five; four of sixteen too, the eight places a
-// prefix may have being its room there. Once a first chunk
-// has timed the pool's rate (20 tokens a ms), a second request 200 ms after the
-// first (4000 of the document done) stays with the document.
+// half of the ranks the other documents leave, rounded up: four of eight, three with
+// three ranks busy, two with four or five, one with six; four of sixteen too, the
+// eight places a prefix may have being its room there. Rounded down once another
+// document has taken an idle rank since the first request: one with four ranks busy
+// before and one after. Once a first chunk has timed the pool's rate (20 tokens a
+// ms), a second request 200 ms after the first (4000 of the document done) stays with
+// the document.
 func TestAColdPrefixIsCopiedOntoHalfTheIdleRanksInFilter(t *testing.T) {
 	const cfg = `{"trust_client_dp_rank":true,"balance":{"fair_share_multiplier":100},
 		"pools":{"decode":{"endpoints":[{"address":"10.0.0.1:8000","dp_size":%d}]}}}`
@@ -359,16 +361,19 @@ func TestAColdPrefixIsCopiedOntoHalfTheIdleRanksInFilter(t *testing.T) {
 		ranks    int
 		rated    bool // a short prompt was computed on rank 7 first
 		busy     int  // other documents left in prefill on the last ranks first
+		later    int  // and on idle ranks after the document's first request
 		requests int
 		gapMS    int
 		holders  int
 	}{
-		{"a cold pool", 8, false, 0, 8, 20, 4},
-		{"three ranks busy", 8, false, 3, 8, 20, 2},
-		{"four ranks busy", 8, false, 4, 8, 20, 2},
-		{"five ranks busy", 8, false, 5, 8, 20, 1},
-		{"a cold pool of sixteen", 16, false, 0, 8, 20, 4},
-		{"a rate known", 8, true, 0, 2, 200, 1},
+		{"a cold pool", 8, false, 0, 0, 8, 20, 4},
+		{"three ranks busy", 8, false, 3, 0, 8, 20, 3},
+		{"four ranks busy", 8, false, 4, 0, 8, 20, 2},
+		{"five ranks busy", 8, false, 5, 0, 8, 20, 2},
+		{"six ranks busy", 8, false, 6, 0, 8, 20, 1},
+		{"four ranks busy and one since", 8, false, 4, 1, 8, 20, 1},
+		{"a cold pool of sixteen", 16, false, 0, 0, 8, 20, 4},
+		{"a rate known", 8, true, 0, 0, 2, 200, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bothVMs(t, func(t *testing.T, vm types.VMContext) {
@@ -395,6 +400,12 @@ func TestAColdPrefixIsCopiedOntoHalfTheIdleRanksInFilter(t *testing.T) {
 					}
 					holders[rank] = true
 					h.advance(tc.gapMS)
+					for r := 7 - tc.busy; i == 0 && len(busy) < tc.busy+tc.later; r-- {
+						if rank := fmt.Sprint(r); !holders[rank] {
+							open = append(open, openOn(t, h, prose(rng, 32000), rank, false))
+							busy[rank] = true
+						}
+					}
 				}
 				for _, id := range open {
 					h.endStream(id)

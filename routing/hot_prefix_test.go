@@ -326,14 +326,16 @@ func TestACopyIsChargedForWhatItsTargetDrawsBeyondItsShare(t *testing.T) {
 // of their own, 20 ms apart) are sent to a pool of eight targets, some of them busy
 // with other prompts' prefill. Each finds the document's holders still computing it
 // and copies it onto an idle target while its holders stay at most half of the
-// targets the other prompts leave: four in an idle pool, two with three or four
-// targets busy, and none but the first with five. In a pool of sixteen the room is
-// that of the eight places a prefix may have: four holders again, two with four busy.
+// targets the other prompts leave, rounded up: four in an idle pool, three with three
+// targets busy, two with four or five, and none but the first with six. In a pool of
+// sixteen the room is that of the eight places a prefix may have: four holders again,
+// two with four busy. With another prompt sent to an idle target after the
+// document's first request, the half is rounded down: one holder with four busy before.
 func TestAColdPrefixIsCopiedOntoHalfTheTargetsLeftIdle(t *testing.T) {
 	for _, c := range []struct {
-		targets, busy, holders int
-	}{{8, 0, 4}, {8, 3, 2}, {8, 4, 2}, {8, 5, 1}, {16, 0, 4}, {16, 4, 2}} {
-		t.Run(fmt.Sprintf("%d of %d busy", c.busy, c.targets), func(t *testing.T) {
+		targets, busy, later, holders int
+	}{{8, 0, 0, 4}, {8, 3, 0, 3}, {8, 4, 0, 2}, {8, 5, 0, 2}, {8, 6, 0, 1}, {8, 4, 1, 1}, {16, 0, 0, 4}, {16, 4, 0, 2}} {
+		t.Run(fmt.Sprintf("%d+%d of %d busy", c.busy, c.later, c.targets), func(t *testing.T) {
 			rng := rand.New(rand.NewSource(35))
 			clock := &fakeClock{ms: 1e6}
 			cfg := testConfig(t, `,"balance":{"fair_share_multiplier":100}`)
@@ -352,6 +354,13 @@ func TestAColdPrefixIsCopiedOntoHalfTheTargetsLeftIdle(t *testing.T) {
 				assert.False(t, others[d.Target.ID], "request %d went behind another prompt", i)
 				holders[d.Target.ID] = true
 				clock.ms += 20
+				for _, tg := range r.DecodeTargets()[c.busy:] {
+					if i == 0 && len(others) < c.busy+c.later && !holders[tg.ID] {
+						_, err := r.decode.ledger.AcquireQueued(tg.ID, 1500, 1500, clock.ms, clock.ms)
+						require.NoError(t, err)
+						others[tg.ID] = true
+					}
+				}
 			}
 			assert.Len(t, holders, c.holders)
 		})

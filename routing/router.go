@@ -1189,7 +1189,7 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 	if v.rate <= 0 {
 		// A prefill pool never shows a rate (its first chunks come back on the decode
 		// legs): its placement is left to the cost.
-		if v.pool != r.prefill && coldCopyFits(v, found, int64(shared)) &&
+		if v.pool != r.prefill && coldCopyFits(v, pr, found, int64(shared)) &&
 			holdersQueued(v, pr, int64(shared), bt) {
 			v.copyTokens = shared
 			return true
@@ -1244,14 +1244,18 @@ func (r *Router) copiesNeeded(v *poolView, req *extract.Request, pr *prompt) boo
 // holders they wait on whichever is done first, a few on each. But the pool's first
 // seconds also bring other prompts' first computations, which want idle targets: each
 // prefix takes at most half of what the others leave, and the rest stays idle for
-// prompts to come.
-func coldCopyFits(v *poolView, found []prefix.PrefixMatch, prefixTokens int64) bool {
+// prompts to come. Rounded up while no other prompt has taken an idle target since the
+// prefix's first computation began (each target's Since is when it took its first
+// prompt, as no first chunk has come back yet): none comes as often as its requests,
+// and an odd target kept idle for one would wait idle while they queue.
+func coldCopyFits(v *poolView, pr *prompt, found []prefix.PrefixMatch, prefixTokens int64) bool {
 	// A holder's queue is at least the prefix while it computes it (holdersQueued
 	// asks more): the cheap test first, as it fails on nearly every request.
 	if i := v.pool.byID32.get(uint64(found[0].Target)); i < 0 || v.ahead[i] < prefixTokens {
 		return false
 	}
 	var holders, busy int
+	started := int64(math.MaxInt64) // when the prefix's first holder took it
 	for _, m := range found {
 		// A holder that is not eligible has no queue in the view (holdersQueued
 		// then makes no copy).
@@ -1261,16 +1265,22 @@ func coldCopyFits(v *poolView, found []prefix.PrefixMatch, prefixTokens int64) b
 		}
 		if v.ahead[i] > 0 {
 			holders++
+			started = min(started, v.loads[i].Since)
 		}
 	}
+	later := false // another prompt has taken an idle target since
 	for _, i := range v.eligible {
 		if v.ahead[i] > 0 {
 			busy++
+			later = later || pr.matched[i] == 0 && v.loads[i].Since > started
 		}
 	}
 	// A copy goes only to the places copyPlaces allows: in a pool of more targets the
 	// room is theirs, not the pool's.
 	room := min(len(v.eligible), maxCopies(len(v.eligible))) - (busy - holders)
+	if !later {
+		room++ // half of it, rounded up
+	}
 	return 2*(holders+1) <= room
 }
 
